@@ -1,0 +1,240 @@
+"""The data contract every dataset follows: records in, model-ready batches out.
+
+A datamodule only has to turn its native files into ``Record``s (``load_records``); the
+base class does splits, bad-input policy, preprocessing, region rasterisation, batching
+and exact distributed sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from xbench_pl.data.io import DataError, Problem, read_image
+from xbench_pl.data.regions import Region, rasterize_union
+from xbench_pl.geometry import Preprocess
+
+
+@dataclass
+class Record:
+    """One image of a dataset, as read from its native annotation files.
+
+    ``labels`` maps canonical finding names to 0/1 (a finding not listed is 0);
+    ``regions`` maps findings to their instances in original pixel coordinates;
+    ``source`` names where the annotation came from (``file, row``) for error messages.
+    """
+
+    image_id: str
+    path: Path
+    labels: dict[str, int]
+    regions: dict[str, list[Region]] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass
+class Batch:
+    """What every datamodule yields and every model's ``test_step`` consumes.
+
+    images ``[B, 3, S, S]``: model-ready (the model's own ``Preprocess``).
+    original_size ``[B, 2]``: (H, W) of each original image.
+    affine ``[B, 4]`` float64: ``(sx, sy, tx, ty)``, original -> model input (``geometry``).
+    labels ``[B, C]``: 0/1 per finding of ``classes``.
+    region_masks ``[K, E, E]`` bool: one per (sample, finding) pair with a non-empty region,
+    on the eval grid that uniformly covers the original image; region_index ``[K, 2]``
+    gives each pair's (sample, class) index.
+    index ``[B]``: position of each sample in its dataset.
+    """
+
+    images: torch.Tensor
+    image_ids: list[str]
+    datasets: list[str]
+    classes: list[str]
+    original_size: torch.Tensor
+    affine: torch.Tensor
+    labels: torch.Tensor
+    region_masks: torch.Tensor
+    region_index: torch.Tensor
+    index: torch.Tensor
+
+    @property
+    def dataset(self) -> str:
+        return self.datasets[0]
+
+
+class XBenchDataset(Dataset):
+    """Records -> samples: decode, preprocess for the model, rasterise regions on the eval grid."""
+
+    def __init__(self, name: str, records: list[Record], classes: list[str], preprocess: Preprocess, eval_size: int):
+        self.name, self.records, self.classes = name, records, list(classes)
+        self.preprocess, self.eval_size = preprocess, eval_size
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def read(self, record: Record) -> np.ndarray:
+        return read_image(record.path)
+
+    def __getitem__(self, index: int) -> dict:
+        record = self.records[index]
+        image = self.read(record)
+        height, width = image.shape
+        pixels, affine = self.preprocess(image)
+        masks, region_class = [], []
+        for c, name in enumerate(self.classes):
+            regions = record.regions.get(name)
+            if regions:
+                mask = rasterize_union(regions, height, width, self.eval_size)
+                if mask.any():
+                    masks.append(torch.from_numpy(mask))
+                    region_class.append(c)
+        empty = torch.zeros((0, self.eval_size, self.eval_size), dtype=torch.bool)
+        return {
+            "image": pixels,
+            "image_id": record.image_id,
+            "dataset": self.name,
+            "original_size": torch.tensor([height, width]),
+            "affine": affine,
+            "labels": torch.tensor([float(record.labels.get(name, 0)) for name in self.classes]),
+            "region_masks": torch.stack(masks) if masks else empty,
+            "region_class": torch.tensor(region_class, dtype=torch.long),
+            "index": index,
+            "classes": self.classes,
+        }
+
+
+def collate(samples: list[dict]) -> Batch:
+    region_index = [
+        torch.stack((torch.full_like(s["region_class"], b), s["region_class"]), dim=1) for b, s in enumerate(samples)
+    ]
+    return Batch(
+        images=torch.stack([s["image"] for s in samples]),
+        image_ids=[s["image_id"] for s in samples],
+        datasets=[s["dataset"] for s in samples],
+        classes=samples[0]["classes"],
+        original_size=torch.stack([s["original_size"] for s in samples]),
+        affine=torch.stack([s["affine"] for s in samples]),
+        labels=torch.stack([s["labels"] for s in samples]),
+        region_masks=torch.cat([s["region_masks"] for s in samples]),
+        region_index=torch.cat(region_index),
+        index=torch.tensor([s["index"] for s in samples]),
+    )
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a model needs to know before testing: each dataset's name and finding list."""
+
+    name: str
+    classes: list[str]
+
+
+class XBenchDataModule(L.LightningDataModule):
+    """Base of every dataset. Subclasses set ``name`` and ``default_classes`` and implement ``load_records``.
+
+    Args:
+        root: folder of the dataset exactly as it unpacks from its official source.
+        split_file: CSV whose first column (or ``image_id`` column) lists the image ids to evaluate.
+        classes: restrict/reorder the findings evaluated (canonical names).
+        batch_size, num_workers: DataLoader settings.
+        eval_size: side of the evaluation grid that uniformly covers each original image;
+            saliency and regions are compared there (default 512: see the README).
+        on_error: ``"raise"`` (stop at the first bad input, naming file and row) or ``"skip"``
+            (drop it, count it, report it in ``problems`` and in ``metrics.json``).
+        preprocess: the model's input spec; taken from the model under test when not given.
+    """
+
+    name: str = ""
+    default_classes: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        root: str | None = None,
+        split_file: str | None = None,
+        classes: list[str] | None = None,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        eval_size: int = 512,
+        on_error: str = "raise",
+        preprocess: Preprocess | None = None,
+    ):
+        super().__init__()
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if eval_size < 1:
+            raise ValueError(f"eval_size must be positive, got {eval_size}")
+        self.root = None if root is None else Path(root)
+        self.split_file = split_file
+        self.classes = list(classes) if classes else list(self.default_classes)
+        unknown = sorted(set(self.classes) - set(self.default_classes))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown classes {unknown}; this dataset has {list(self.default_classes)}")
+        self.batch_size, self.num_workers, self.eval_size = batch_size, num_workers, eval_size
+        self.on_error, self.preprocess = on_error, preprocess
+        self.problems: list[Problem] = []
+        self.test_set: XBenchDataset | None = None
+
+    # -- what a dataset implements ---------------------------------------------------------
+    def load_records(self) -> list[Record]:
+        raise NotImplementedError
+
+    # -- bad input ---------------------------------------------------------------------------
+    def report(self, error: DataError) -> None:
+        """Raise, or (``on_error='skip'``) count the problem and go on."""
+        if self.on_error == "raise":
+            raise error
+        self.problems.append(error.problem)
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+    @property
+    def dataset_specs(self) -> list[DatasetSpec]:
+        return [DatasetSpec(self.name, self.classes)]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.test_set is not None:
+            return
+        if self.preprocess is None:
+            model = self.trainer.lightning_module if self.trainer is not None else None
+            if model is None or getattr(model, "preprocess", None) is None:
+                raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
+            self.preprocess = model.preprocess
+        self.problems = []
+        records = self.apply_split(self.load_records())
+        self.test_set = XBenchDataset(self.name, records, self.classes, self.preprocess, self.eval_size)
+
+    def apply_split(self, records: list[Record]) -> list[Record]:
+        if self.split_file is None:
+            return records
+        split = pd.read_csv(self.split_file, dtype=str)
+        column = "image_id" if "image_id" in split.columns else split.columns[0]
+        wanted = split[column].dropna().str.strip().tolist()
+        if not wanted:
+            raise DataError(self.split_file, "split file lists no image ids")
+        by_id = {r.image_id: r for r in records}
+        missing = [i for i in wanted if i not in by_id]
+        for image_id in missing:
+            self.report(DataError(self.split_file, f"image id {image_id!r} is not in the {self.name} annotations", row=image_id))
+        return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+
+    def test_dataloader(self) -> DataLoader:
+        return self.make_loader(self.test_set)
+
+    def make_loader(self, dataset: XBenchDataset) -> DataLoader:
+        # Lightning's own distributed sampler pads with duplicates; a benchmark must see each image once.
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sampler = UnrepeatedDistributedSampler(dataset, shuffle=False) if distributed else None
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            shuffle=False,
+            num_workers=self.num_workers,
+            collate_fn=collate,
+            persistent_workers=False,
+        )

@@ -1,0 +1,75 @@
+"""Ground-truth regions in the original image frame, and their raster on the evaluation grid.
+
+A region is rasterised by sampling it at the centres of the ``E x E`` eval-grid pixels
+(which uniformly cover the original image): nearest-neighbour resampling of the region,
+never interpolation. Several instances of one finding in one image are united.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+
+def _centres(n_original: int, eval_size: int) -> np.ndarray:
+    return (np.arange(eval_size) + 0.5) * (n_original / eval_size)
+
+
+@dataclass(frozen=True)
+class Box:
+    """Axis-aligned box ``[x0, x1) x [y0, y1)`` in continuous original pixel coordinates.
+
+    Datasets convert their own convention on reading: xywh -> ``(x, y, x + w, y + h)``;
+    inclusive integer xyxy -> ``(x1, y1, x2 + 1, y2 + 1)``.
+    """
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
+        xs, ys = _centres(width, eval_size), _centres(height, eval_size)
+        inside_x = (xs >= self.x0) & (xs < self.x1)
+        inside_y = (ys >= self.y0) & (ys < self.y1)
+        return inside_y[:, None] & inside_x[None, :]
+
+
+@dataclass(frozen=True)
+class Polygon:
+    """Closed polygon of ``[x, y]`` points, filled as PIL ``ImageDraw.polygon(outline=1, fill=1)``
+    on the original ``W x H`` canvas (the CheXlocalize / LabelMe convention)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
+        canvas = Image.new("1", (width, height))
+        ImageDraw.Draw(canvas).polygon([tuple(p) for p in self.points], outline=1, fill=1)
+        return Mask(np.asarray(canvas, dtype=bool)).rasterize(height, width, eval_size)
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """Binary mask ``[H, W]`` at the original resolution."""
+
+    array: np.ndarray
+
+    def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
+        if self.array.shape != (height, width):
+            raise ValueError(f"mask shape {self.array.shape} != image size {(height, width)}")
+        rows = np.floor(_centres(height, eval_size)).astype(np.int64)
+        cols = np.floor(_centres(width, eval_size)).astype(np.int64)
+        return self.array[np.ix_(rows, cols)].astype(bool)
+
+
+Region = Box | Polygon | Mask
+
+
+def rasterize_union(regions: list[Region], height: int, width: int, eval_size: int) -> np.ndarray:
+    """Union of all instances of one finding on the eval grid, ``[E, E]`` bool."""
+    out = np.zeros((eval_size, eval_size), dtype=bool)
+    for region in regions:
+        out |= region.rasterize(height, width, eval_size)
+    return out

@@ -1,0 +1,120 @@
+"""Geometry between the original image frame, a model's input, and the evaluation grid.
+
+Coordinates are continuous pixel coordinates: pixel ``i`` spans ``[i, i + 1)``. Every
+preprocessing a model may ask for (squash, short-side resize + centre crop, letterbox +
+centre crop) is an axis-aligned scale and shift, so one ``affine = (sx, sy, tx, ty)`` per
+sample says where an original point lands in the model input: ``u = sx * x + tx``,
+``v = sy * y + ty``. Saliency is mapped back through that affine onto the evaluation grid,
+an ``E x E`` grid that uniformly covers the whole original image (see ``warp_to_eval_grid``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_INTERPOLATION = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA}
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How a model wants its input image.
+
+    resize:
+        ``"squash"``: resize the whole image to ``size x size`` (aspect ratio not kept).
+        ``"crop"``: resize the short side to ``size`` (long side truncated, as torchvision's
+        ``Resize(int)``), then centre-crop ``size x size`` (offset rounded, as torchvision's
+        ``CenterCrop``); the image outside the central square is not seen.
+        ``"letterbox"``: resize the long side to ``canvas``, zero-pad symmetrically to
+        ``canvas x canvas`` (odd pad: the extra pixel goes right/bottom), then centre-crop
+        ``size x size``.
+    """
+
+    resize: str = "squash"
+    size: int = 224
+    canvas: int | None = None
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        if self.resize not in ("squash", "crop", "letterbox"):
+            raise ValueError(f"Preprocess.resize must be squash, crop or letterbox, got {self.resize!r}")
+        if self.resize == "letterbox" and (self.canvas is None or self.canvas < self.size):
+            raise ValueError("Preprocess.resize='letterbox' needs canvas >= size")
+        if self.interpolation not in _INTERPOLATION:
+            raise ValueError(f"Preprocess.interpolation must be one of {sorted(_INTERPOLATION)}")
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ValueError("Preprocess.mean and .std need 3 values (the image is fed as RGB)")
+
+    def plan(self, height: int, width: int) -> tuple[list[A.BasicTransform], tuple[float, float, float, float]]:
+        """Albumentations ops for an image of this size, and the affine they realise."""
+        size = self.size
+        if self.resize == "squash":
+            new_h, new_w = size, size
+        elif self.resize == "crop":
+            scale = size / min(height, width)
+            new_h, new_w = (size, int(width * scale)) if height <= width else (int(height * scale), size)
+        else:
+            scale = self.canvas / max(height, width)
+            new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
+        ops: list[A.BasicTransform] = [A.Resize(new_h, new_w, interpolation=_INTERPOLATION[self.interpolation])]
+        pad_x = pad_y = 0
+        if self.resize == "letterbox":
+            pad_x, pad_y = (self.canvas - new_w) // 2, (self.canvas - new_h) // 2
+            ops.append(A.Pad(padding=(pad_x, pad_y, self.canvas - new_w - pad_x, self.canvas - new_h - pad_y), fill=0))
+            new_h = new_w = self.canvas
+        crop_x = int(round((new_w - size) / 2.0))
+        crop_y = int(round((new_h - size) / 2.0))
+        if (new_h, new_w) != (size, size):
+            ops.append(A.Crop(crop_x, crop_y, crop_x + size, crop_y + size))
+        affine = (ops[0].width / width, ops[0].height / height, float(pad_x - crop_x), float(pad_y - crop_y))
+        return ops, affine
+
+    def __call__(self, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grey ``[H, W]`` float image in [0, 1] -> normalised ``[3, size, size]`` tensor and its affine ``[4]``."""
+        if image.ndim != 2:
+            raise ValueError(f"expected a grey [H, W] image, got shape {image.shape}")
+        ops, affine = self.plan(*image.shape)
+        out = A.Compose(ops)(image=np.ascontiguousarray(image, dtype=np.float32))["image"]
+        rgb = torch.from_numpy(np.ascontiguousarray(out)).expand(3, -1, -1)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
+        return (rgb - mean) / std, torch.tensor(affine, dtype=torch.float64)
+
+
+def eval_pixel_centres(original_size: torch.Tensor, eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Original-frame x and y of the eval-grid pixel centres: ``[K, E]`` each, from ``original_size [K, 2] (H, W)``."""
+    centres = (torch.arange(eval_size, dtype=torch.float64, device=original_size.device) + 0.5) / eval_size
+    size = original_size.to(torch.float64)
+    return centres * size[:, 1:2], centres * size[:, 0:1]
+
+
+def warp_to_eval_grid(
+    maps: torch.Tensor, affine: torch.Tensor, input_size: int, original_size: torch.Tensor, eval_size: int
+) -> torch.Tensor:
+    """Resample native saliency maps onto the evaluation grid of their original images.
+
+    maps ``[K, h, w]`` cover the model input ``input_size x input_size``; ``affine [K, 4]``
+    and ``original_size [K, 2] (H, W)`` describe each map's image. Returns ``[K, E, E]``:
+    bilinear (align_corners=False) samples at the eval-pixel centres; pixels the model never
+    saw (outside a centre crop) get the map's minimum, so they count as background.
+    """
+    xs, ys = eval_pixel_centres(original_size, eval_size)
+    sx, sy, tx, ty = affine.to(torch.float64).unbind(-1)
+    gx = 2 * (sx[:, None] * xs + tx[:, None]) / input_size - 1  # [K, E]
+    gy = 2 * (sy[:, None] * ys + ty[:, None]) / input_size - 1
+    k, e = gx.shape
+    grid = torch.stack((gx[:, None, :].expand(k, e, e), gy[:, :, None].expand(k, e, e)), dim=-1)
+    warped = F.grid_sample(maps[:, None].float(), grid.float(), mode="bilinear", padding_mode="border", align_corners=False)[:, 0]
+    unseen = (gx.abs() > 1)[:, None, :] | (gy.abs() > 1)[:, :, None]
+    floor = maps.flatten(1).amin(dim=1).float()[:, None, None].expand_as(warped)
+    return torch.where(unseen, floor, warped)

@@ -1,0 +1,74 @@
+"""Every number of one dataset's benchmark table, from recognition and grounding metrics.
+
+Keys per class and for the macro ``mean`` (the fixed-threshold keys carry its value):
+``pointing_game, dice@0.5, iou@0.5, dice_best, iou_best, tau_best, delta_dice, auroc, auprc,
+f1, hamming_acc`` as fractions (None where undefined), and counts ``n_pos, n_neg, n_regions``
+(``n_regions``: (image, finding) pairs with a non-empty region, the grounding denominator).
+The macro mean averages the classes where a value is defined; counts are summed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from xbench_pl.metrics.grounding import DiceIoU, PointingGame
+from xbench_pl.metrics.recognition import Recognition
+
+COUNT_KEYS = ("n_pos", "n_neg", "n_regions")
+
+
+def metric_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
+    t = f"{fixed_threshold:g}"
+    return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "tau_best", "delta_dice",
+            "auroc", "auprc", "f1", "hamming_acc")
+
+
+def _number(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+class BenchmarkMetrics(nn.Module):
+    """Recognition + grounding for one dataset's class list; ``compute()`` gives its table."""
+
+    def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5):
+        super().__init__()
+        self.classes = list(classes)
+        c = len(self.classes)
+        self.recognition = Recognition(c, threshold=score_threshold)
+        self.pointing = PointingGame(c)
+        self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
+        self.keys = metric_keys(fixed_threshold)
+
+    def update(self, scores, labels, maps, masks, class_index) -> None:
+        self.recognition.update(scores, labels)
+        self.pointing.update(maps, masks, class_index)
+        self.dice_iou.update(maps, masks, class_index)
+
+    def compute(self) -> dict:
+        rec, grounding = self.recognition.compute(), self.dice_iou.compute()
+        columns = {
+            self.keys[0]: self.pointing.compute(),
+            self.keys[1]: grounding["dice_fixed"],
+            self.keys[2]: grounding["iou_fixed"],
+            **{k: grounding[k] for k in ("dice_best", "iou_best", "tau_best", "delta_dice")},
+            **{k: rec[k] for k in ("auroc", "auprc", "f1", "hamming_acc")},
+        }
+        counts = {"n_pos": self.recognition.positives, "n_neg": self.recognition.negatives, "n_regions": self.pointing.pairs}
+        classes = {}
+        for i, name in enumerate(self.classes):
+            row = {k: _number(float(columns[k][i])) for k in self.keys}
+            row.update({k: int(counts[k][i]) for k in COUNT_KEYS})
+            classes[name] = row
+        mean = {}
+        for k in self.keys:
+            defined = [row[k] for row in classes.values() if row[k] is not None]
+            mean[k] = sum(defined) / len(defined) if defined else None
+        mean.update({k: sum(row[k] for row in classes.values()) for k in COUNT_KEYS})
+        return {"classes": classes, "mean": mean}
+
+    def reset(self) -> None:
+        for metric in (self.recognition, self.pointing, self.dice_iou):
+            metric.reset()

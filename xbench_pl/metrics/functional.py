@@ -1,0 +1,101 @@
+"""Grounding metrics as plain torch functions (the twins of the classes in ``grounding.py``).
+
+All take maps and masks already in one frame: ``maps [N, H, W]`` float, ``masks [N, H, W]`` bool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Pixels within this fraction of a map's value range of its maximum count as maximal,
+#: and a map whose range is below this fraction of its magnitude counts as constant:
+#: bilinear resampling perturbs exact ties and constants by float rounding only.
+RELATIVE_TOLERANCE = 1e-6
+
+NORMALIZE_MODES = ("minmax", "max", "none")
+
+
+def default_thresholds(step: float = 0.01, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The threshold grid 0, step, ..., 1 (101 values by default)."""
+    count = round(1 / step)
+    return (torch.arange(count + 1, dtype=torch.float64) / count).to(dtype)
+
+
+def check_finite(maps: torch.Tensor, what: str = "saliency maps") -> None:
+    if not torch.isfinite(maps).all():
+        bad = (~torch.isfinite(maps)).flatten(1).any(1).nonzero().flatten().tolist()
+        raise ValueError(f"{what} contain NaN or inf (maps at positions {bad[:10]}{'...' if len(bad) > 10 else ''})")
+
+
+def _range(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    hi, lo = flat.amax(dim=-1, keepdim=True), flat.amin(dim=-1, keepdim=True)
+    span = hi - lo
+    constant = span <= RELATIVE_TOLERANCE * torch.maximum(hi.abs(), lo.abs()).clamp_min(torch.finfo(flat.dtype).tiny)
+    return hi, lo, constant
+
+
+def normalize_saliency(maps: torch.Tensor, mode: str = "minmax") -> torch.Tensor:
+    """Per-map normalisation over the last two dims.
+
+    ``"minmax"``: (m - min) / (max - min); a constant map becomes all zeros.
+    ``"max"``: m / max; a map whose max is not positive becomes all zeros.
+    ``"none"``: unchanged.
+    """
+    if mode not in NORMALIZE_MODES:
+        raise ValueError(f"normalize mode must be one of {NORMALIZE_MODES}, got {mode!r}")
+    check_finite(maps)
+    if mode == "none":
+        return maps
+    flat = maps.flatten(-2)
+    hi, lo, constant = _range(flat)
+    if mode == "minmax":
+        out = torch.where(constant, torch.zeros_like(flat), (flat - lo) / torch.where(constant, torch.ones_like(hi), hi - lo))
+    else:
+        positive = hi > 0
+        out = torch.where(positive, flat / torch.where(positive, hi, torch.ones_like(hi)), torch.zeros_like(flat))
+    return out.view_as(maps)
+
+
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Per pair, the fraction of the map's maximal pixels that lie inside the region: ``[N]`` in [0, 1].
+
+    Ties are counted in expectation (a random pick among the maximal pixels), so a constant
+    map scores the region's area fraction, i.e. chance. Pairs with an empty region get NaN.
+    Invariant to any increasing rescaling of the map, so it is computed on the raw map.
+    """
+    check_finite(maps)
+    flat, region = maps.flatten(1), masks.flatten(1).bool()
+    hi, lo, constant = _range(flat)
+    maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
+    hits = (maximal & region).sum(1).double() / maximal.sum(1).double()
+    return torch.where(region.any(1), hits, torch.full_like(hits, float("nan")))
+
+
+def dice_iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dice and IoU of ``B_t = {m >= t}`` against each mask, for every threshold: two ``[N, T]``.
+
+    ``maps`` are normalised maps; ``thresholds`` ascending. One pass over the pixels for all
+    thresholds: each pixel's bin (how many thresholds it reaches) is histogrammed per map,
+    and suffix sums give |B_t| and |B_t ∩ G|. Pairs with an empty region get NaN.
+    """
+    check_finite(maps)
+    n, t = maps.shape[0], thresholds.numel()
+    flat, region = maps.flatten(1).contiguous(), masks.flatten(1).bool()
+    reached = torch.searchsorted(thresholds.to(flat.dtype).contiguous(), flat, right=True)  # pixel in B_t[k] iff k < reached
+    bins = reached + (torch.arange(n, device=flat.device) * (t + 1))[:, None]
+    hist_all = torch.bincount(bins.flatten(), minlength=n * (t + 1)).view(n, t + 1)
+    hist_in = torch.bincount(bins[region], minlength=n * (t + 1)).view(n, t + 1)
+    predicted = hist_all.flip(1).cumsum(1).flip(1)[:, 1:].double()  # |B_t[k]| = #pixels with reached > k
+    inter = hist_in.flip(1).cumsum(1).flip(1)[:, 1:].double()
+    truth = region.sum(1, keepdim=True).double()
+    dice = 2 * inter / (predicted + truth)
+    iou = inter / (predicted + truth - inter)
+    empty = truth == 0
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=flat.device)
+    return torch.where(empty, nan, dice), torch.where(empty, nan, iou)
+
+
+def best_threshold(mean_dice: torch.Tensor, thresholds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index and value of the threshold maximising mean Dice, per row of ``[C, T]`` (lowest on ties)."""
+    index = torch.nan_to_num(mean_dice, nan=-1.0).argmax(dim=-1)
+    return index, thresholds.to(mean_dice.device, torch.float64)[index]

@@ -1,0 +1,80 @@
+"""The model contract: ``zero_shot(images, classes)`` -> scores and saliency; the rest is shared.
+
+A model subclasses ``ZeroShotModel``, sets ``self.preprocess`` (its own input spec) and
+implements ``zero_shot``. ``test_step`` maps each saliency map back to its original image
+through the batch's affine and feeds the benchmark metrics; nothing model-specific there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch import nn
+
+from xbench_pl.data.base import Batch
+from xbench_pl.geometry import Preprocess, warp_to_eval_grid
+from xbench_pl.metrics import BenchmarkMetrics
+
+
+@dataclass
+class ZeroShotOutput:
+    """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
+    saliency ``[B, C, h, w]``: where the model locates finding c, on its native grid, which
+    spans the whole model input (``preprocess.size`` square); larger = more salient."""
+
+    scores: torch.Tensor
+    saliency: torch.Tensor
+
+
+class ZeroShotModel(L.LightningModule):
+    """Base of every benchmarked model.
+
+    Args:
+        normalize: per-map saliency normalisation before thresholding (``minmax``, ``max``, ``none``).
+        fixed_threshold: the fixed Dice/IoU threshold (on the 0.01 grid).
+        score_threshold: threshold on scores for F1 and Hamming accuracy.
+    """
+
+    preprocess: Preprocess
+
+    def __init__(self, normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5):
+        super().__init__()
+        self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
+        self.benchmark = nn.ModuleDict()
+        self.results: dict[str, dict] = {}
+
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        raise NotImplementedError
+
+    # -- evaluation -------------------------------------------------------------------------
+    def add_dataset(self, name: str, classes: list[str]) -> None:
+        self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold).to(self.device)
+
+    def on_test_start(self) -> None:
+        self.benchmark = nn.ModuleDict()
+        datamodule = getattr(self.trainer, "datamodule", None)
+        # every rank must hold the same metrics, even for a dataset it gets no batch of
+        for spec in getattr(datamodule, "dataset_specs", []):
+            self.add_dataset(spec.name, spec.classes)
+
+    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        output = self.zero_shot(batch.images, batch.classes)
+        b, c = batch.labels.shape
+        if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
+            raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "
+                             f"{tuple(output.saliency.shape)}; expected [{b}, {c}] and [{b}, {c}, h, w]")
+        if batch.dataset not in self.benchmark:
+            self.add_dataset(batch.dataset, batch.classes)
+        sample, cls = batch.region_index.unbind(1)
+        maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], self.preprocess.size,
+                                 batch.original_size[sample], batch.region_masks.shape[-1])
+        self.benchmark[batch.dataset].update(output.scores, batch.labels, maps, batch.region_masks, cls)
+
+    def on_test_epoch_end(self) -> None:
+        self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}
+        for name, table in self.results.items():
+            for key in ("pointing_game", "dice_best", "auroc"):
+                if table["mean"][key] is not None:
+                    self.log(f"{name}/{key}", table["mean"][key], rank_zero_only=True)

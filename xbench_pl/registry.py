@@ -1,0 +1,54 @@
+"""Models and datasets by name. A name is a config file: ``configs/models/NAME.yaml`` or
+``configs/data/NAME.yaml``, holding ``class_path`` and default ``init_args``. Adding a model or
+dataset is one module plus one such file; the CLI and ``create_*`` find it by its name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import yaml
+
+_PACKAGE = Path(__file__).resolve().parent
+# repo checkout (editable install) first, then the copy a wheel carries
+CONFIG_ROOTS = (_PACKAGE.parent / "configs", _PACKAGE / "configs")
+
+
+def config_dir(kind: str) -> Path:
+    for root in CONFIG_ROOTS:
+        if (root / kind).is_dir():
+            return root / kind
+    raise FileNotFoundError(f"no configs/{kind} folder in {[str(r) for r in CONFIG_ROOTS]}")
+
+
+def available(kind: str) -> list[str]:
+    """Registered names of ``kind`` ("models" or "data")."""
+    return sorted(p.stem for p in config_dir(kind).glob("*.yaml"))
+
+
+def config_path(kind: str, name: str) -> Path:
+    path = config_dir(kind) / f"{name}.yaml"
+    if not path.is_file():
+        raise KeyError(f"unknown {kind[:-1] if kind == 'models' else 'dataset'} {name!r}; available: {available(kind)}")
+    return path
+
+
+def resolve_class(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def create(kind: str, name: str, **overrides):
+    config = yaml.safe_load(config_path(kind, name).read_text())
+    return resolve_class(config["class_path"])(**{**(config.get("init_args") or {}), **overrides})
+
+
+def create_model(name: str, **kwargs):
+    """A registered model by name, with ``kwargs`` overriding its config's init args."""
+    return create("models", name, **kwargs)
+
+
+def create_datamodule(name: str, **kwargs):
+    """A registered datamodule by name, with ``kwargs`` overriding its config's init args."""
+    return create("data", name, **kwargs)
