@@ -56,7 +56,7 @@ class BenchmarkMetrics(nn.Module):
             **{k: grounding[k] for k in ("dice_best", "iou_best", "tau_best", "delta_dice")},
             **{k: rec[k] for k in ("auroc", "auprc", "f1", "hamming_acc")},
         }
-        counts = {"n_pos": self.recognition.positives, "n_neg": self.recognition.negatives, "n_regions": self.pointing.pairs}
+        counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
         classes = {}
         for i, name in enumerate(self.classes):
             row = {k: _number(float(columns[k][i])) for k in self.keys}

@@ -79,7 +79,7 @@ class DiceIoU(_PairMetric):
     ``thresholds`` (default 0, 0.01, ..., 1). ``compute`` gives per class the mean curves,
     Dice/IoU at ``fixed_threshold``, the threshold maximising mean Dice (``tau_best``, lowest
     on ties; chosen on the evaluated data, i.e. an oracle), Dice/IoU there, and
-    ``delta_dice = dice_best - dice_fixed``.
+    ``delta_dice = dice_best - dice_fixed``, and ``n_regions``, the pairs counted per class.
     """
 
     def __init__(self, num_classes: int, thresholds: torch.Tensor | None = None, fixed_threshold: float = 0.5, normalize: str = "minmax", **kwargs):
@@ -111,6 +111,7 @@ class DiceIoU(_PairMetric):
         nan = torch.full_like(tau, float("nan"))
         dice_best = dice[rows, best]
         return {
+            "n_regions": self.pairs.clone(),  # synced here only: torchmetrics restores local states after compute
             "dice_curve": dice,
             "iou_curve": iou,
             "dice_fixed": dice[:, self.fixed_index],

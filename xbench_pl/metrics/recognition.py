@@ -6,6 +6,8 @@ accuracy binarise at ``threshold`` (default 0.5; ``score > threshold`` as torchm
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torchmetrics import Metric, MetricCollection
 from torchmetrics import classification as tmc
@@ -31,7 +33,7 @@ def _collection(num_classes: int, threshold: float) -> MetricCollection:
 class Recognition(Metric):
     """Per-class AUROC, AUPRC (average precision), F1 and Hamming accuracy, plus positive/negative counts.
 
-    ``compute`` returns ``[C]`` tensors; AUROC is NaN for a class lacking positives or
+    ``compute`` returns ``[C]`` tensors (``n_pos``, ``n_neg``: label counts); AUROC is NaN for a class lacking positives or
     negatives, AUPRC NaN for a class without positives (undefined, not 0).
     """
 
@@ -59,11 +61,14 @@ class Recognition(Metric):
             self.metrics.update(scores.float(), labels)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        values = {name: value.reshape(self.num_classes).double() for name, value in self.metrics.compute().items()}
+        with warnings.catch_warnings():  # "no positive samples" etc.: such classes become NaN below
+            warnings.simplefilter("ignore", UserWarning)
+            values = {name: value.reshape(self.num_classes).double() for name, value in self.metrics.compute().items()}
         nan = torch.full_like(values["auroc"], float("nan"))
         values["auroc"] = torch.where((self.positives > 0) & (self.negatives > 0), values["auroc"], nan)
         values["auprc"] = torch.where(self.positives > 0, values["auprc"], nan)
-        return values
+        # read inside compute: torchmetrics restores the local (unsynced) states afterwards
+        return {**values, "n_pos": self.positives.clone(), "n_neg": self.negatives.clone()}
 
     def reset(self) -> None:
         super().reset()

@@ -1,0 +1,5 @@
+import sys
+
+from xbench_pl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,103 @@
+"""``python -m xbench_pl test --model NAME --data NAME [--data.*] [--trainer.*] [--out DIR]``.
+
+A LightningCLI: ``--model``/``--data`` take a registered name (resolved to its config file,
+``xbench_pl.registry``), a class path, or a YAML file; ``--model.ARG``/``--data.ARG`` override
+init args; ``--print_config`` and ``--config FILE`` work as usual. ``test`` writes
+``OUT/metrics.json`` and ``OUT/metrics.md`` and prints the per-dataset table.
+``python -m xbench_pl describe --data NAME ...`` summarises a dataset (``xbench_pl.describe``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+from lightning.pytorch.cli import LightningCLI
+
+from xbench_pl.data.base import XBenchDataModule
+from xbench_pl.models.base import ZeroShotModel
+from xbench_pl.registry import config_dir
+from xbench_pl.report import build_report, markdown_table, write_report
+
+TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+
+
+def resolve_names(argv: list[str]) -> list[str]:
+    """Replace ``--model NAME`` / ``--data NAME`` (and ``=NAME``) by the path of NAME's config file."""
+    kinds = {"--model": "models", "--data": "data"}
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, value = arg.partition("=")
+        if flag in kinds and not eq and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        if flag in kinds and value:
+            path = config_dir(kinds[flag]) / f"{value}.yaml"
+            out += [flag, str(path) if path.is_file() else value]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def datamodule_problems(datamodule) -> dict[str, list]:
+    children = getattr(datamodule, "datamodules", None) or [datamodule]
+    return {child.name: list(child.problems) for child in children}
+
+
+class XBenchCLI(LightningCLI):
+    def __init__(self, *args, model_name: str | None = None, **kwargs):
+        self.model_name = model_name  # the name the user asked for, as reports should show it
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
+
+    def after_test(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        config = self.config[self.subcommand]
+        settings = yaml.safe_load(self.parser._subcommands_action._name_parser_map[self.subcommand].dump(
+            config, skip_none=False, skip_validation=True))
+        report = build_report(
+            model=self.model_name or settings["model"]["class_path"],
+            results=self.model.results,
+            problems=datamodule_problems(self.datamodule),
+            config={"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")},
+        )
+        out = write_report(report, config["out"])
+        print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
+        print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
+
+
+def option_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if from_command_line else argv)
+    if argv and argv[0] == "describe":
+        from xbench_pl import describe
+
+        return describe.main(argv[1:])
+    resolved = resolve_names(argv)
+    if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
+        sys.argv[1:] = resolved
+    XBenchCLI(
+        ZeroShotModel,
+        XBenchDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=None if from_command_line else resolved,
+        model_name=option_value(argv, "--model"),
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=None,
+        auto_configure_optimizers=False,
+    )
+    return 0
