@@ -1,14 +1,16 @@
 """The data contract every dataset follows: records in, model-ready batches out.
 
 A datamodule only has to turn its native files into ``Record``s (``load_records``); the
-base class does splits, bad-input policy, preprocessing, region rasterisation, batching
-and exact distributed sampling.
+base class does splits, bad-input policy, the image check, decoding (optionally cached),
+preprocessing, region rasterisation, batching and exact distributed sampling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import os
 
 import lightning as L
 import numpy as np
@@ -17,8 +19,9 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from xbench_pl.data.io import DataError, Problem, read_image
-from xbench_pl.data.regions import Region, rasterize_union
+from xbench_pl.data.cache import CACHE_ENV, ImageStore
+from xbench_pl.data.io import DataError, Problem, read_image_size
+from xbench_pl.data.regions import Box, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
 
 
@@ -28,7 +31,9 @@ class Record:
 
     ``labels`` maps canonical finding names to 0/1 (a finding not listed is 0);
     ``regions`` maps findings to their instances in original pixel coordinates;
-    ``source`` names where the annotation came from (``file, row``) for error messages.
+    ``source`` names where the annotation came from (``file, row``) for error messages;
+    ``region_sources`` (optional, parallel to ``regions``) gives each region's ``(file, row)``
+    so that a region that does not fit its image is reported at its own row.
     """
 
     image_id: str
@@ -36,6 +41,11 @@ class Record:
     labels: dict[str, int]
     regions: dict[str, list[Region]] = field(default_factory=dict)
     source: str = ""
+    region_sources: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def add_region(self, finding: str, region: Region, file: str | Path, row: int) -> None:
+        self.regions.setdefault(finding, []).append(region)
+        self.region_sources.setdefault(finding, []).append((str(file), row))
 
 
 @dataclass
@@ -71,21 +81,25 @@ class Batch:
 class XBenchDataset(Dataset):
     """Records -> samples: decode, preprocess for the model, rasterise regions on the eval grid."""
 
-    def __init__(self, name: str, records: list[Record], classes: list[str], preprocess: Preprocess, eval_size: int):
+    def __init__(self, name: str, records: list[Record], classes: list[str], preprocess: Preprocess, eval_size: int,
+                 images: ImageStore | None = None):
         self.name, self.records, self.classes = name, records, list(classes)
         self.preprocess, self.eval_size = preprocess, eval_size
+        self.images = images or ImageStore()
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def read(self, record: Record) -> np.ndarray:
-        return read_image(record.path)
+    def read(self, record: Record) -> tuple[np.ndarray, tuple[int, int]]:
+        return self.images(record.path)
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        image = self.read(record)
-        height, width = image.shape
+        image, (height, width) = self.read(record)
         pixels, affine = self.preprocess(image)
+        if image.shape != (height, width):
+            # the decoded copy is a uniform rescale of the original: fold it in so affine maps original -> input
+            affine = affine * torch.tensor([image.shape[1] / width, image.shape[0] / height, 1.0, 1.0], dtype=affine.dtype)
         masks, region_class = [], []
         for c, name in enumerate(self.classes):
             regions = record.regions.get(name)
@@ -148,6 +162,16 @@ class XBenchDataModule(L.LightningDataModule):
         on_error: ``"raise"`` (stop at the first bad input, naming file and row) or ``"skip"``
             (drop it, count it, report it in ``problems`` and in ``metrics.json``).
         preprocess: the model's input spec; taken from the model under test when not given.
+        cache_dir: folder of the decode cache (``xbench_pl.data.cache``); default: the
+            ``XBENCH_CACHE_DIR`` environment variable, else no cache. Results do not depend on it.
+        max_side: decode images to at most this long side before preprocessing (geometry stays
+            exact, see ``ImageStore``); ``None`` (default) keeps full resolution.
+
+    ``problems`` lists every bad input found (skipped, or corrected such as clipped boxes): the
+    single source of what a run reports. Setup checks every image once, in parallel over
+    ``num_workers``: its size (header only), or with ``on_error="skip"`` or a cache a full
+    decode, so that an undecodable image is dropped and counted before testing (with a cache,
+    that pass fills it). Boxes reaching outside their image are clipped and reported.
     """
 
     name: str = ""
@@ -163,6 +187,8 @@ class XBenchDataModule(L.LightningDataModule):
         eval_size: int = 512,
         on_error: str = "raise",
         preprocess: Preprocess | None = None,
+        cache_dir: str | None = None,
+        max_side: int | None = None,
     ):
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -177,6 +203,7 @@ class XBenchDataModule(L.LightningDataModule):
             raise ValueError(f"{self.name}: unknown classes {unknown}; this dataset has {list(self.default_classes)}")
         self.batch_size, self.num_workers, self.eval_size = batch_size, num_workers, eval_size
         self.on_error, self.preprocess = on_error, preprocess
+        self.images = ImageStore(cache_dir or os.environ.get(CACHE_ENV) or None, max_side)
         self.problems: list[Problem] = []
         self.test_set: XBenchDataset | None = None
 
@@ -186,8 +213,12 @@ class XBenchDataModule(L.LightningDataModule):
 
     # -- bad input ---------------------------------------------------------------------------
     def report(self, error: DataError) -> None:
-        """Raise, or (``on_error='skip'``) count the problem and go on."""
-        if self.on_error == "raise":
+        """Raise, or (``on_error='skip'``) count the problem and go on.
+
+        A problem that was corrected, not dropped (``action != "skipped"``), is recorded in
+        both modes.
+        """
+        if self.on_error == "raise" and error.problem.action == "skipped":
             raise error
         self.problems.append(error.problem)
 
@@ -204,9 +235,59 @@ class XBenchDataModule(L.LightningDataModule):
             if model is None or getattr(model, "preprocess", None) is None:
                 raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
             self.preprocess = model.preprocess
+        self.test_set = XBenchDataset(self.name, self.prepare_records(), self.classes, self.preprocess, self.eval_size,
+                                      self.images)
+
+    def prepare_records(self) -> list[Record]:
+        """Load, split and check the records to evaluate; ``problems`` lists what was wrong."""
         self.problems = []
-        records = self.apply_split(self.load_records())
-        self.test_set = XBenchDataset(self.name, records, self.classes, self.preprocess, self.eval_size)
+        records = self.check_images(self.apply_split(self.load_records()))
+        if not records:
+            raise DataError(self.root or self.name, f"{self.name}: no images left to evaluate"
+                            + (f" ({len(self.problems)} problem(s), first: {self.problems[0]})" if self.problems else ""))
+        return records
+
+    def check_images(self, records: list[Record]) -> list[Record]:
+        """Find each image's size (decoding it fully in skip mode or when caching); drop the
+        unreadable ones, and fit every region to its image."""
+        decode = self.on_error == "skip" or self.images.cache_dir is not None
+        probe = DataLoader(_ImageProbe(records, self.images, decode), batch_size=None, num_workers=self.num_workers,
+                           collate_fn=_identity)
+        kept = []
+        for index, size in probe:
+            record = records[index]
+            if isinstance(size, Problem):
+                self.report(DataError(size.file, f"{size.reason} (image of {record.source})"))
+                continue
+            self.fit_regions(record, *size)
+            kept.append(record)
+        return kept
+
+    def fit_regions(self, record: Record, height: int, width: int) -> None:
+        """Clip boxes to the image (reported, action ``clipped``); drop regions that do not fit."""
+        for finding, regions in record.regions.items():
+            sources = record.region_sources.get(finding) or [(record.source, None)] * len(regions)
+            kept = []
+            for region, (file, row) in zip(regions, sources):
+                try:
+                    if isinstance(region, Box):
+                        region = self.clip_box(region, height, width, finding, file, row)
+                    else:
+                        region.rasterize(height, width, 1)
+                    kept.append(region)
+                except ValueError as error:
+                    self.report(DataError(file, f"{finding} region does not fit the {width}x{height} image of "
+                                                f"{record.image_id}: {error}", row=row))
+            record.regions[finding] = kept
+
+    def clip_box(self, box: Box, height: int, width: int, finding: str, file: str, row: int | None) -> Box:
+        clipped = Box(max(box.x0, 0.0), max(box.y0, 0.0), min(box.x1, float(width)), min(box.y1, float(height)))
+        if clipped.x1 <= clipped.x0 or clipped.y1 <= clipped.y0:
+            raise ValueError(f"box {_xyxy(box)} lies outside it")
+        if clipped != box:
+            self.report(DataError(file, f"{finding} box {_xyxy(box)} extends outside the {width}x{height} image: "
+                                        f"clipped to {_xyxy(clipped)}", row=row, action="clipped"))
+        return clipped
 
     def apply_split(self, records: list[Record]) -> list[Record]:
         if self.split_file is None:
@@ -238,3 +319,28 @@ class XBenchDataModule(L.LightningDataModule):
             collate_fn=collate,
             persistent_workers=False,
         )
+
+
+class _ImageProbe(Dataset):
+    """Setup's image check: ``(index, (H, W))``, or ``(index, Problem)`` for an unreadable image."""
+
+    def __init__(self, records: list[Record], images: ImageStore, decode: bool):
+        self.paths, self.images, self.decode = [r.path for r in records], images, decode
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, tuple[int, int] | Problem]:
+        try:
+            size = self.images.load(self.paths[index])[1] if self.decode else read_image_size(self.paths[index])
+        except DataError as error:
+            return index, error.problem
+        return index, tuple(size)
+
+
+def _identity(sample):
+    return sample
+
+
+def _xyxy(box: Box) -> str:
+    return "(" + ", ".join(f"{v:g}" for v in (box.x0, box.y0, box.x1, box.y1)) + ")"

@@ -1,29 +1,45 @@
-"""Reading images as grey float arrays in [0, 1], and the errors bad input raises."""
+"""Reading native files: images as grey float arrays in [0, 1], annotation tables, and the
+errors bad input raises.
+
+Structural problems (a missing table or column, an empty split) always raise ``DataError``.
+Per-row and per-image problems go through a ``report`` callable (the datamodule's
+``report``): it raises, or with ``on_error="skip"`` records a ``Problem`` and the caller
+drops the row or image. A problem that is corrected rather than dropped (a box clipped to
+its image) is always recorded, with its ``action``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 
 class DataError(ValueError):
     """Bad input: the message names the file (and row) and says what is wrong."""
 
-    def __init__(self, file: str | Path, reason: str, row: int | str | None = None):
-        self.problem = Problem(str(file), None if row is None else str(row), reason)
+    def __init__(self, file: str | Path, reason: str, row: int | str | None = None, action: str = "skipped"):
+        self.problem = Problem(str(file), None if row is None else str(row), reason, action)
         super().__init__(str(self.problem))
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One bad input found while reading a dataset (a skipped row or image)."""
+    """One bad input found while reading a dataset.
+
+    ``row`` is the 1-based line of the annotation file (the header is line 1), or ``None``
+    for a whole file; ``action`` says what was done about it: ``"skipped"`` (the row, region
+    or image was left out) or ``"clipped"`` (a box was cut to its image and kept).
+    """
 
     file: str
     row: str | None
     reason: str
+    action: str = "skipped"
 
     def __str__(self) -> str:
         where = self.file if self.row is None else f"{self.file}, row {self.row}"
@@ -31,6 +47,14 @@ class Problem:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+Report = Callable[[DataError], None]
+
+
+def raise_error(error: DataError) -> None:
+    """The strict ``report``: every problem stops the run."""
+    raise error
 
 
 def read_image(path: str | Path) -> np.ndarray:
@@ -42,7 +66,7 @@ def read_image(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise DataError(path, "image file not found")
-    if path.suffix.lower() in (".dcm", ".dicom"):
+    if is_dicom(path):
         from xbench_pl.data.dicom import read_dicom
 
         return read_dicom(path)
@@ -56,3 +80,70 @@ def read_image(path: str | Path) -> np.ndarray:
             return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(path, f"cannot decode image ({error})") from error
+
+
+def read_image_size(path: str | Path) -> tuple[int, int]:
+    """``(H, W)`` from the file header alone (no pixel decoding); ``DataError`` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "image file not found")
+    if is_dicom(path):
+        from xbench_pl.data.dicom import read_dicom_size
+
+        return read_dicom_size(path)
+    try:
+        with Image.open(path) as image:
+            return image.height, image.width
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise DataError(path, f"cannot decode image ({error})") from error
+
+
+def is_dicom(path: Path) -> bool:
+    return path.suffix.lower() in (".dcm", ".dicom")
+
+
+def read_table(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
+    """A CSV annotation table (``.gz``/``.zip`` too) as strings, with a ``row`` column.
+
+    Column names are matched after stripping blanks (SIIM writes ``" EncodedPixels"``) and
+    come back stripped; ``row`` is each record's line in the file (header = 1); blank lines
+    are dropped. A missing file or column raises ``DataError``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "annotation table not found")
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise DataError(path, f"cannot read table ({error})") from error
+    table.columns = [str(c).strip() for c in table.columns]
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise DataError(path, f"missing column(s) {missing}; found {list(table.columns)}")
+    table = table.apply(lambda column: column.str.strip())
+    table["row"] = range(2, len(table) + 2)
+    return table[(table.drop(columns="row") != "").any(axis=1)]
+
+
+def drop_duplicate_rows(table: pd.DataFrame, columns: Sequence[str], path: str | Path, report: Report) -> pd.DataFrame:
+    """Rows repeating an earlier row on ``columns`` are reported and dropped (kept once)."""
+    first_row: dict[tuple, int] = {}
+    keep = []
+    for key, row in zip(table[list(columns)].itertuples(index=False, name=None), table["row"]):
+        keep.append(key not in first_row)
+        if keep[-1]:
+            first_row[key] = row
+        else:
+            report(DataError(path, f"duplicated row (same as row {first_row[key]})", row=row))
+    return table[keep]
+
+
+def parse_floats(values: Sequence[str], what: str) -> tuple[float, ...]:
+    """Finite floats from table cells; ``ValueError`` saying which ``what`` is malformed."""
+    try:
+        numbers = tuple(float(v) for v in values)
+    except ValueError:
+        raise ValueError(f"{what} {tuple(values)} is not numeric") from None
+    if not all(np.isfinite(numbers)):
+        raise ValueError(f"{what} {tuple(values)} is not finite")
+    return numbers
