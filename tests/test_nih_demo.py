@@ -1,0 +1,196 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from xbench_pl import create_datamodule
+from xbench_pl.data.io import DataError, read_image
+from xbench_pl.data.nih_bbox import NIH_BOX_CLASSES, DemoDataModule, NIHBoxDataModule, read_box_table
+from xbench_pl.geometry import Preprocess
+
+HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
+EVAL = 128
+
+
+def ready(dm):
+    dm.preprocess = Preprocess(resize="squash", size=32)
+    dm.setup("test")
+    return dm
+
+
+def write_png(path: Path, size=(64, 48), mode="L"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, 128 if mode == "L" else (128, 128, 128, 255)).save(path)
+
+
+def mask_box(mask: np.ndarray):
+    rows, cols = np.nonzero(mask)
+    return rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+
+
+# -- the real NIH images and boxes ----------------------------------------------------------------
+
+
+def test_real_nih_boxes_land_where_the_csv_says(real_cxr):
+    folder = real_cxr / "nih_bbox"
+    dm = ready(NIHBoxDataModule(root=str(folder), eval_size=EVAL))
+    table = read_box_table(folder / "BBox_List_2017.csv")
+    assert len(dm.test_set) == 12 and dm.problems == []
+    modes = {Image.open(p).mode for p in (folder / "images").glob("*.png")}
+    assert "RGBA" in modes  # the reader must cope with NIH's RGBA PNGs
+    for i in range(len(dm.test_set)):
+        sample = dm.test_set[i]
+        row = table[table.image_id == sample["image_id"]].iloc[0]
+        x, y, w, h = (float(row[k]) for k in "xywh")
+        assert sample["original_size"].tolist() == [1024, 1024]
+        assert sample["image"].shape == (3, 32, 32) and sample["image"].std() > 0.1
+        cls = NIH_BOX_CLASSES.index({"Infiltrate": "Infiltration"}.get(row.finding, row.finding))
+        assert sample["labels"][cls] == 1 and sample["region_class"].tolist() == [cls]
+        mask = sample["region_masks"][0].numpy()
+        r0, r1, c0, c1 = mask_box(mask)
+        assert mask.sum() == (r1 - r0) * (c1 - c0)  # a filled rectangle
+        step = 1024 / EVAL  # eval-pixel centres inside the box: within one eval pixel of its edges
+        assert abs(c0 * step - x) <= step and abs(c1 * step - (x + w)) <= step
+        assert abs(r0 * step - y) <= step and abs(r1 * step - (y + h)) <= step
+
+
+def test_demo_is_the_real_set_downscaled(real_cxr):
+    real = ready(NIHBoxDataModule(root=str(real_cxr / "nih_bbox"), eval_size=EVAL))
+    demo = ready(DemoDataModule(eval_size=EVAL))
+    real_by_id = {real.test_set[i]["image_id"]: real.test_set[i] for i in range(len(real.test_set))}
+    real_paths = {r.image_id: r.path for r in real.test_set.records}
+    for i in range(len(demo.test_set)):
+        small = demo.test_set[i]
+        big = real_by_id[small["image_id"]]
+        assert small["original_size"].tolist() == [512, 512]
+        # same box on the eval grid although the frames differ by 2x
+        a, b = small["region_masks"][0], big["region_masks"][0]
+        assert (a & b).sum() / (a | b).sum() > 0.9
+        # same pixels: the 512² image is the 1024² one downscaled
+        full = read_image(real_paths[small["image_id"]])
+        half = full.reshape(512, 2, 512, 2).mean(axis=(1, 3))
+        assert np.corrcoef(half.ravel(), read_image(demo.test_set.records[i].path).ravel())[0, 1] > 0.98
+        # demo labels come from its Data_Entry rows, so include more than the boxed finding
+        assert small["labels"].sum() >= 1
+
+
+def test_demo_is_registered_and_batches():
+    dm = create_datamodule("demo", preprocess=Preprocess(resize="squash", size=32), eval_size=64)
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    assert batch.images.shape == (4, 3, 32, 32) and batch.classes == list(NIH_BOX_CLASSES)
+    assert batch.dataset == "demo" and batch.region_masks.shape[1:] == (64, 64)
+    assert len(batch.region_index) == 4  # one boxed finding per demo image
+
+
+def test_full_real_box_table(real_cxr, tmp_path):
+    gz = real_cxr / "tables" / "BBox_List_2017.csv.gz"
+    table = read_box_table(gz)
+    assert len(table) == 984 and table.image_id.nunique() == 880
+    assert table.finding.value_counts().to_dict() == {
+        "Atelectasis": 180, "Effusion": 153, "Cardiomegaly": 146, "Infiltrate": 123,
+        "Pneumonia": 120, "Pneumothorax": 98, "Mass": 85, "Nodule": 79,
+    }
+    # the whole table through the datamodule (images: one 1024² stand-in PNG linked under every name)
+    (tmp_path / "images").mkdir()
+    blank = tmp_path / "blank.png"
+    Image.new("L", (1024, 1024)).save(blank)
+    for image_id in table.image_id.unique():
+        (tmp_path / "images" / image_id).symlink_to(blank)
+    (tmp_path / "BBox_List_2017.csv.gz").symlink_to(gz)
+    dm = NIHBoxDataModule(root=str(tmp_path))
+    records = dm.load_records()
+    assert dm.problems == []
+    assert len(records) == 880 and sum(len(v) for r in records for v in r.regions.values()) == 984
+    per_class = {c: sum(len(r.regions.get(c, [])) for r in records) for c in NIH_BOX_CLASSES}
+    assert per_class == {"Atelectasis": 180, "Cardiomegaly": 146, "Pleural Effusion": 153, "Infiltration": 123,
+                         "Mass": 85, "Nodule": 79, "Pneumonia": 120, "Pneumothorax": 98}
+    # with the real Data_Entry, boxed images also carry their other findings
+    (tmp_path / "Data_Entry_2017_v2020.csv.gz").symlink_to(real_cxr / "tables" / "Data_Entry_2017_v2020.csv.gz")
+    dm = NIHBoxDataModule(root=str(tmp_path), negatives=25, seed=3)
+    records = dm.load_records()
+    assert dm.problems == [] and len(records) == 905
+    boxed, negatives = records[:880], records[880:]
+    extra = sum(sum(r.labels.values()) - len(r.regions) for r in boxed)
+    assert extra > 100  # many boxed images list more findings than they have boxes for
+    assert all(r.labels == {} and r.regions == {} for r in negatives)
+    assert not {r.image_id for r in negatives} & {r.image_id for r in boxed}
+    again = [r.image_id for r in NIHBoxDataModule(root=str(tmp_path), negatives=25, seed=3).load_records()[880:]]
+    other = [r.image_id for r in NIHBoxDataModule(root=str(tmp_path), negatives=25, seed=4).load_records()[880:]]
+    assert again == [r.image_id for r in negatives] and other != again
+
+
+# -- layouts, options and bad input (synthetic NIH-format files) ----------------------------------
+
+
+def write_nih(root: Path, rows: list[str], images: dict[str, str]):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "BBox_List_2017.csv").write_text(HEADER + "".join(r + "\n" for r in rows))
+    for name, folder in images.items():
+        write_png(root / folder / name)
+
+
+def test_official_images_folders_and_split(tmp_path):
+    write_nih(tmp_path, ["a.png,Mass,1,2,10,10", "b.png,Effusion,5,5,20,30"],
+              {"a.png": "images_001/images", "b.png": "images_012/images"})
+    dm = NIHBoxDataModule(root=str(tmp_path))
+    records = {r.image_id: r for r in dm.load_records()}
+    assert records["a.png"].path == tmp_path / "images_001/images/a.png"
+    assert records["b.png"].labels == {"Pleural Effusion": 1}
+    (tmp_path / "split.csv").write_text("image_id\nb.png\n")
+    dm = ready(NIHBoxDataModule(root=str(tmp_path), split_file=str(tmp_path / "split.csv")))
+    assert [r.image_id for r in dm.test_set.records] == ["b.png"]
+
+
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        ("a.png,Mass,1,2,,10", "finite"),
+        ("a.png,Mass,1,2,nan,10", "finite"),
+        ("a.png,Mass,1,2,-4,10", "positive size"),
+        ("a.png,Mass,1,2,abc,10", "could not convert"),
+        ("a.png,Pneumonitis,1,2,5,10", "Pneumonitis"),
+        ("a.png,Mass,100,2,5,10", "outside"),
+        ("zz.png,Mass,1,2,5,10", "image file not found"),
+    ],
+)
+def test_bad_rows_name_file_and_row(tmp_path, row, reason):
+    write_nih(tmp_path, ["a.png,Nodule,1,1,4,4", row], {"a.png": "images"})
+    with pytest.raises(DataError, match=rf"BBox_List_2017.csv, row 3: .*{reason}"):
+        NIHBoxDataModule(root=str(tmp_path)).load_records()
+    dm = NIHBoxDataModule(root=str(tmp_path), on_error="skip")
+    records = dm.load_records()
+    assert [r.image_id for r in records] == ["a.png"] and records[0].labels == {"Nodule": 1}
+    assert len(dm.problems) == 1 and dm.problems[0].row == "3" and reason in dm.problems[0].reason
+
+
+def test_boxes_clipped_and_duplicates_dropped_are_counted(tmp_path):
+    write_nih(tmp_path, ["a.png,Mass,-5,40,20,20", "a.png,Nodule,1,1,4,4", "a.png,Nodule,1,1,4,4"], {"a.png": "images"})
+    dm = NIHBoxDataModule(root=str(tmp_path))  # fixes, not errors: recorded even when raising
+    (record,) = dm.load_records()
+    assert record.regions["Mass"][0] == type(record.regions["Mass"][0])(0.0, 40.0, 15.0, 48.0)
+    assert len(record.regions["Nodule"]) == 1
+    assert [(p.row, "clipped" in p.reason or "duplicate of row 3" in p.reason) for p in dm.problems] == [("2", True), ("4", True)]
+
+
+def test_missing_table_and_columns(tmp_path):
+    with pytest.raises(DataError, match="box list not found"):
+        NIHBoxDataModule(root=str(tmp_path)).load_records()
+    (tmp_path / "BBox_List_2017.csv").write_text("Image Index,Finding Label\na.png,Mass\n")
+    with pytest.raises(DataError, match="BBox_List_2017.csv: not an NIH box list"):
+        NIHBoxDataModule(root=str(tmp_path)).load_records()
+
+
+def test_data_entry_unknown_label_and_negatives_without_table(tmp_path):
+    write_nih(tmp_path, ["a.png,Mass,1,1,4,4"], {"a.png": "images"})
+    with pytest.raises(DataError, match="Data_Entry_2017"):
+        NIHBoxDataModule(root=str(tmp_path), negatives=2).load_records()
+    (tmp_path / "Data_Entry_2017.csv").write_text("Image Index,Finding Labels\na.png,Mass|Pleural_Thickening|Wheeze\n")
+    with pytest.raises(DataError, match=r"Data_Entry_2017.csv, row 2: .*Wheeze"):
+        NIHBoxDataModule(root=str(tmp_path)).load_records()
+    dm = NIHBoxDataModule(root=str(tmp_path), on_error="skip")
+    (record,) = dm.load_records()
+    assert record.labels == {"Mass": 1, "Pleural Thickening": 1} and len(dm.problems) == 1
+    with pytest.raises(ValueError, match="only 0"):
+        NIHBoxDataModule(root=str(tmp_path), negatives=1, on_error="skip").load_records()
