@@ -1,0 +1,345 @@
+"""CLIP, BiomedCLIP and any other open_clip model, from local files only.
+
+Architecture: ``architecture`` names a config shipped in ``xbench_pl/models/configs``
+(``clip-ViT-B-16``, ``biomedclip``), an open_clip built-in name (``ViT-B-32``), a JSON file
+(an open_clip model config, or an ``open_clip_config.json`` with ``model_cfg`` and
+``preprocess_cfg``) or a folder holding ``open_clip_config.json``. A Hugging Face text tower
+(``text_cfg.hf_model_name``) is built from a local folder with its ``config.json``: the name
+itself when it is a folder, else the copy shipped in ``configs/hf/<hub id>/``.
+
+Weights: ``checkpoint`` is OpenAI's TorchScript release (``ViT-B-16.pt``), an open_clip state
+dict (``.bin``/``.pt``/``.pth``/``.safetensors``; a training checkpoint's ``state_dict`` and a
+DDP ``module.`` prefix are unwrapped) or a model folder such as BiomedCLIP's release. Nothing
+downloads: ``"openai"`` or ``hf-hub:`` names fail with the list of local files needed. Keys and
+shapes must match the architecture exactly; otherwise the error lists the missing, unexpected
+and mis-shaped keys.
+
+Scores: unit image embedding (the tower's pooled output) against the unit text embedding of
+each class's positive and negative prompts, times the model's ``logit_scale``, softmax over
+the pair: ``p = softmax(s * [cos_pos, cos_neg])[0]`` (``score="softmax"``); or
+``(1 + cos_pos) / 2`` (``score="cosine"``, no negative prompt needed).
+
+Saliency: the patch tokens after the tower's final norm, through the same projection as the
+pooled token (``visual.proj`` for open_clip ViTs, whose ``output_tokens`` are unprojected;
+``visual.head`` for timm trunks), L2-normalised, cosine with the class's positive text
+embedding -> ``[B, C, grid, grid]`` (14 x 14 at 224 px, patch 16), row = y. Raw cosines: the
+benchmark normalises them.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from copy import deepcopy
+from pathlib import Path
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from open_clip.timm_model import TimmModel
+from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
+from open_clip.transformer import VisionTransformer
+from torch import nn
+
+from xbench_pl.geometry import Preprocess
+from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
+from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+# A model folder's weights, in open_clip's order of preference.
+CHECKPOINT_NAMES = (
+    "open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
+    "open_clip_pytorch_model.pth", "model.safetensors", "pytorch_model.bin",
+)
+# OpenAI's TorchScript archives carry these as entries of their state dict; they are not weights.
+OPENAI_JIT_EXTRAS = ("input_resolution", "context_length", "vocab_size")
+# BiomedBERT was renamed on the hub (2023); BiomedCLIP configs carry either name.
+HF_ALIASES = {"microsoft/BiomedNLP-PubMedBERT-base-uncased-abstract": "microsoft/BiomedNLP-BiomedBERT-base-uncased-abstract"}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+# open_clip's resize_mode -> Preprocess.resize ("longest" pads to a square: a letterbox with canvas = size)
+RESIZE_MODES = {"shortest": "crop", "squash": "squash", "longest": "letterbox"}
+LOCAL_FILES_HINT = (
+    "a local checkpoint: OpenAI's TorchScript release (ViT-B-16.pt), an open_clip state dict "
+    "(.bin/.pt/.pth/.safetensors), or a model folder holding open_clip_pytorch_model.bin "
+    "(BiomedCLIP: the folder of microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224 with "
+    "open_clip_pytorch_model.bin, vocab.txt, tokenizer_config.json, special_tokens_map.json)"
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or does not fit the architecture."""
+
+
+def refuse_download(value: str | None, what: str) -> None:
+    if value is not None and (value == "openai" or value.startswith(("hf-hub:", "http://", "https://"))):
+        raise ValueError(f"{what}={value!r} would download; nothing is downloaded here. Give {LOCAL_FILES_HINT}.")
+
+
+# -- architecture ------------------------------------------------------------------------------
+def read_architecture(architecture: str) -> tuple[dict, dict]:
+    """``(model_cfg, preprocess_cfg)`` of a shipped name, open_clip built-in name, JSON file or model folder."""
+    refuse_download(architecture, "architecture")
+    path = Path(architecture).expanduser()
+    if path.is_dir():
+        path = path / "open_clip_config.json"
+    elif path.suffix != ".json" and (SHIPPED_CONFIGS / f"{architecture}.json").is_file():
+        path = SHIPPED_CONFIGS / f"{architecture}.json"
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise FileNotFoundError(f"architecture config not found: {path}")
+        config = json.loads(path.read_text())
+    else:
+        config = open_clip.get_model_config(architecture)  # built-in configs only: never downloads
+        if config is None:
+            shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
+            raise ValueError(f"unknown architecture {architecture!r}: not a shipped config {shipped}, "
+                             "an open_clip built-in name (open_clip.list_models()), a JSON file or a model folder")
+    model_cfg = deepcopy(config.get("model_cfg", config))
+    text_cfg = model_cfg.get("text_cfg", {})
+    if text_cfg.get("hf_model_name"):
+        text_cfg["hf_model_name"] = local_hf_config(text_cfg["hf_model_name"], path.parent if path.suffix == ".json" else None)
+    return model_cfg, dict(config.get("preprocess_cfg", {}))
+
+
+def local_hf_config(name: str, base: Path | None) -> str:
+    """The local folder holding ``config.json`` of a Hugging Face text tower ``name``."""
+    candidates = [Path(name).expanduser()]
+    if base is not None and not Path(name).is_absolute():
+        candidates.append(base / name)
+    candidates.append(SHIPPED_CONFIGS / "hf" / HF_ALIASES.get(name, name))
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            return str(folder)
+    raise FileNotFoundError(
+        f"text tower {name!r}: no folder with its config.json among {[str(c) for c in candidates]}. Nothing is "
+        f"downloaded: save that model's Hugging Face config.json in a folder and set text_cfg.hf_model_name to it")
+
+
+def build_open_clip(model_cfg: dict) -> nn.Module:
+    """The open_clip model of ``model_cfg``, randomly initialised (no tower loads pretrained weights)."""
+    cfg = deepcopy(model_cfg)
+    if "multimodal_cfg" in cfg:
+        raise ValueError("CoCa-style models (multimodal_cfg) are not supported")
+    custom_text = cfg.pop("custom_text", False)
+    vision_cfg, text_cfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
+    if vision_cfg.get("timm_model_name"):
+        vision_cfg["timm_model_pretrained"] = False
+    if text_cfg.get("hf_model_name"):
+        text_cfg["hf_model_pretrained"] = False
+    model_class = open_clip.CustomTextCLIP if custom_text or text_cfg.get("hf_model_name") else open_clip.CLIP
+    return model_class(vision_cfg=vision_cfg, text_cfg=text_cfg, **cfg)
+
+
+# -- weights -----------------------------------------------------------------------------------
+def find_checkpoint(checkpoint: str) -> Path:
+    refuse_download(checkpoint, "checkpoint")
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"no checkpoint in folder {path}: expected one of {list(CHECKPOINT_NAMES)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+def is_torchscript(path: Path) -> bool:
+    """TorchScript archives are zips with ``constants.pkl``; ``torch.save`` zips have none."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("/constants.pkl") or name == "constants.pkl" for name in archive.namelist())
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file, unwrapped (``state_dict`` entry, ``module.`` prefix, JIT extras)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        elif is_torchscript(path):
+            state = torch.jit.load(str(path), map_location="cpu").state_dict()
+            state = {k: v for k, v in state.items() if k not in OPENAI_JIT_EXTRAS}
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(error).__name__}: {error} "
+                              "(truncated download, or not a PyTorch/safetensors state dict?)") from error
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"checkpoint {path} holds no state dict (a mapping of parameter names to tensors)")
+    if all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return dict(state)
+
+
+def _listing(kind: str, items: list[str], limit: int = 20) -> str:
+    more = f", ... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{len(items)} {kind}: [{', '.join(items[:limit])}{more}]"
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` into ``model`` exactly, or raise naming every missing, unexpected and mis-shaped key."""
+    expected = model.state_dict()
+    # non-persistent buffers some checkpoints still carry (BERT's position_ids from older transformers)
+    transient = {name for name, _ in model.named_buffers()} - expected.keys()
+    state = {k: v for k, v in state.items() if k not in transient}
+    for key in ("logit_scale", "logit_bias"):  # scalar vs [1], as open_clip tolerates
+        if key in state and key in expected and state[key].numel() == expected[key].numel() == 1:
+            state[key] = state[key].reshape(expected[key].shape)
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    mismatched = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}"
+                  for k in sorted(expected.keys() & state.keys()) if state[k].shape != expected[k].shape]
+    if missing or unexpected or mismatched:
+        problems = [_listing(kind, items) for kind, items in
+                    (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches (checkpoint != model)", mismatched))
+                    if items]
+        raise CheckpointError(f"checkpoint {source} does not fit the architecture: " + "; ".join(problems))
+    model.load_state_dict(state, strict=True)
+
+
+# -- the benchmarked model ---------------------------------------------------------------------
+def preprocess_for(model: nn.Module, preprocess_cfg: dict) -> Preprocess:
+    """The model's own inference transform (open_clip's defaults: bicubic, short side + centre crop, OpenAI mean/std)."""
+    height, width = model.visual.image_size if isinstance(model.visual.image_size, (tuple, list)) else (model.visual.image_size,) * 2
+    if height != width:
+        raise ValueError(f"non-square model input {height}x{width} is not supported")
+    resize_mode = preprocess_cfg.get("resize_mode", "shortest")
+    if resize_mode not in RESIZE_MODES:
+        raise ValueError(f"unsupported preprocess resize_mode {resize_mode!r}; known: {sorted(RESIZE_MODES)}")
+    resize = RESIZE_MODES[resize_mode]
+    return Preprocess(
+        resize=resize,
+        size=int(height),
+        canvas=int(height) if resize == "letterbox" else None,
+        interpolation=preprocess_cfg.get("interpolation", "bicubic"),
+        mean=tuple(preprocess_cfg.get("mean", open_clip.OPENAI_DATASET_MEAN)),
+        std=tuple(preprocess_cfg.get("std", open_clip.OPENAI_DATASET_STD)),
+        antialias=True,  # open_clip resizes PIL images
+    )
+
+
+def check_patch_tokens(visual: nn.Module) -> None:
+    """Saliency needs a ViT whose patch tokens can be projected like its pooled token."""
+    if isinstance(visual, VisionTransformer):
+        if visual.attn_pool is not None or visual.pool_type not in ("tok", "avg") or visual.proj is None:
+            raise ValueError("saliency needs a ViT tower pooled by its class token or mean, with a projection")
+    elif isinstance(visual, TimmModel):
+        if not hasattr(visual.trunk, "num_prefix_tokens") or "pool" in visual.head._modules:
+            raise ValueError("saliency needs a timm ViT trunk (patch tokens) without an attention-pool head")
+    else:
+        raise ValueError(f"saliency needs a ViT image tower, got {type(visual).__name__}")
+
+
+class OpenCLIPModel(ZeroShotModel):
+    """A CLIP-style dual encoder through open_clip; see the module docstring for conventions.
+
+    Args:
+        architecture: shipped config name, open_clip built-in name, JSON file or model folder.
+        checkpoint: weights file or model folder (required unless ``random_init``).
+        tokenizer: folder with the Hugging Face tokenizer files (HF text towers only; default:
+            the checkpoint folder). Built-in CLIP text towers use open_clip's bundled BPE.
+        positive, negative: prompt template(s) per polarity (``{}`` / ``{finding}`` = finding
+            name); a list is a prompt ensemble. ``negative=None`` needs ``score="cosine"``.
+        score: ``"softmax"`` over the prompt pair, or ``"cosine"``.
+        text_batch_size: prompts per text-encoder forward when building the embedding cache.
+        random_init: allow running without weights (tests, smoke runs).
+        **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
+    """
+
+    def __init__(
+        self,
+        architecture: str,
+        checkpoint: str | None = None,
+        tokenizer: str | None = None,
+        positive: str | list[str] = "{}",
+        negative: str | list[str] | None = "no {}",
+        score: str = "softmax",
+        text_batch_size: int = 256,
+        random_init: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if score not in ("softmax", "cosine"):
+            raise ValueError(f"score must be 'softmax' or 'cosine', got {score!r}")
+        self.prompts = PromptSet(as_templates(positive), as_templates(negative))
+        if score == "softmax" and not self.prompts.negative:
+            raise ValueError("score='softmax' needs negative prompt template(s)")
+        if checkpoint is None and not random_init:
+            raise ValueError(f"{type(self).__name__}({architecture!r}) needs checkpoint=: {LOCAL_FILES_HINT}")
+        checkpoint_file = None if checkpoint is None else find_checkpoint(checkpoint)
+        model_cfg, preprocess_cfg = read_architecture(architecture)
+        self.score = score
+        self.tokenizer = self.make_tokenizer(model_cfg["text_cfg"], tokenizer, checkpoint)
+        self.model = build_open_clip(model_cfg)
+        check_patch_tokens(self.model.visual)
+        if isinstance(self.model.visual, VisionTransformer):
+            self.model.visual.output_tokens = True  # forward returns (pooled, unprojected tokens)
+        if checkpoint_file is not None:
+            load_weights(self.model, read_state_dict(checkpoint_file), str(checkpoint_file))
+        self.preprocess = preprocess_for(self.model, preprocess_cfg)
+        self.text_cache = TextEmbeddingCache(text_batch_size)
+        self.eval()
+
+    @staticmethod
+    def make_tokenizer(text_cfg: dict, tokenizer: str | None, checkpoint: str | None):
+        context_length = text_cfg.get("context_length", 77)
+        hf_name = text_cfg.get("hf_tokenizer_name") or text_cfg.get("hf_model_name")
+        if not hf_name:
+            return SimpleTokenizer(context_length=context_length)  # open_clip's bundled BPE vocabulary
+        if tokenizer is None and checkpoint is not None and Path(checkpoint).is_dir():
+            tokenizer = checkpoint
+        refuse_download(tokenizer, "tokenizer")
+        folder = None if tokenizer is None else Path(tokenizer).expanduser()
+        if folder is None or not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise FileNotFoundError(
+                f"the text tower needs the tokenizer of {hf_name!r} from a local folder (tokenizer=DIR) with "
+                f"tokenizer_config.json and one of {list(TOKENIZER_FILES)}; got {tokenizer!r}")
+        return HFTokenizer(str(folder), context_length=context_length, **(text_cfg.get("tokenizer_kwargs") or {}))
+
+    # -- encoders ------------------------------------------------------------------------------
+    def load_state_dict(self, *args, **kwargs):
+        self.text_cache.clear()  # cached text embeddings belong to the old weights
+        return super().load_state_dict(*args, **kwargs)
+
+    def encode_text(self, texts: list[str]) -> torch.Tensor:
+        return self.model.encode_text(self.tokenizer(texts).to(self.device))
+
+    def text_embeddings(self, classes: list[str]) -> torch.Tensor:
+        """Unit text embeddings ``[C, P, D]`` (P = positive[, negative]), cached per (prompts, classes, device)."""
+        return self.text_cache.get(self.prompts, classes, self.device, self.encode_text)
+
+    def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled image embedding ``[B, D]`` and projected patch embeddings ``[B, gh, gw, D]`` (unnormalised)."""
+        visual = self.model.visual
+        if isinstance(visual, TimmModel):
+            trunk = visual.trunk
+            tokens = trunk.forward_features(images)  # after the trunk's final norm
+            pooled = visual.head(trunk.forward_head(tokens))
+            patches = visual.head(trunk.fc_norm(tokens[:, trunk.num_prefix_tokens:]))
+            grid = trunk.patch_embed.grid_size
+        else:
+            pooled, tokens = visual(images)
+            if visual.final_ln_after_pool:  # this tower norms the pooled token only
+                tokens = visual.ln_post(tokens)
+            patches = tokens @ visual.proj
+            grid = visual.grid_size
+        return pooled, patches.reshape(patches.shape[0], *grid, patches.shape[-1])
+
+    @torch.no_grad()
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        text = self.text_embeddings(classes)
+        pooled, patches = self.encode_image(images)
+        with torch.autocast(images.device.type, enabled=False):  # similarities in float32 under mixed precision
+            image = F.normalize(pooled.float(), dim=-1)
+            similarity = torch.einsum("bd,cpd->bcp", image, text)
+            if self.score == "softmax":
+                scores = (self.model.logit_scale.float().exp() * similarity).softmax(dim=-1)[..., 0]
+            else:
+                scores = (similarity[..., 0] + 1) / 2
+            saliency = torch.einsum("bhwd,cd->bchw", F.normalize(patches.float(), dim=-1), text[:, 0])
+        return ZeroShotOutput(scores=scores, saliency=saliency)

@@ -1,0 +1,93 @@
+"""Prompt templates per finding, and a cache of their text embeddings.
+
+A template is a ``str.format`` pattern with the finding's name as ``{}`` or ``{finding}``:
+``"{}"``, ``"no {}"``, ``"There is no {finding}"``. A prompt set has positive templates
+(the finding is present) and optionally negative ones (it is absent); several templates of
+one polarity are an ensemble: their unit embeddings are averaged and re-normalised (CLIP's
+prompt ensembling). Defaults follow CheXzero (``"{}"`` vs ``"no {}"``), the published
+zero-shot convention for chest X-rays; XBench's own templates are not public, so they are
+config options to sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+CHEXZERO_POSITIVE = ("{}",)
+CHEXZERO_NEGATIVE = ("no {}",)
+
+
+def as_templates(templates: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One template or a list of them -> a tuple (``None`` -> empty)."""
+    if templates is None:
+        return ()
+    return (templates,) if isinstance(templates, str) else tuple(templates)
+
+
+def fill(template: str, finding: str) -> str:
+    """The prompt of ``finding``; the template names it ``{}`` or ``{finding}``."""
+    try:
+        return template.format(finding, finding=finding)
+    except (IndexError, KeyError) as error:
+        raise ValueError(f"prompt template {template!r} may only use '{{}}' or '{{finding}}'") from error
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Positive and (optional) negative templates; ``polarities`` are ordered (positive, negative)."""
+
+    positive: tuple[str, ...] = CHEXZERO_POSITIVE
+    negative: tuple[str, ...] = CHEXZERO_NEGATIVE
+
+    def __post_init__(self) -> None:
+        if not self.positive:
+            raise ValueError("a prompt set needs at least one positive template")
+        for template in self.positive + self.negative:
+            fill(template, "finding")  # fail at configuration time, not mid-run
+
+    @property
+    def polarities(self) -> tuple[tuple[str, ...], ...]:
+        return (self.positive, self.negative) if self.negative else (self.positive,)
+
+    def texts(self, classes: Sequence[str]) -> list[str]:
+        """All prompts, ordered class-major, then polarity, then template."""
+        return [fill(t, name) for name in classes for templates in self.polarities for t in templates]
+
+
+class TextEmbeddingCache:
+    """Unit text embeddings ``[C, P, D]`` (class, polarity, dim) per (prompt set, classes, device).
+
+    One cache belongs to one model (its weights are part of the key implicitly); call ``clear``
+    when the weights change. Every prompt of a class list is encoded once, in batches of
+    ``batch_size`` through ``encode(texts) -> [N, D]``; later batches reuse the result.
+    """
+
+    def __init__(self, batch_size: int = 256):
+        if batch_size < 1:
+            raise ValueError(f"text batch_size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self._store: dict[tuple, torch.Tensor] = {}
+
+    def clear(self) -> None:
+        self._store.clear()
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def get(
+        self, prompts: PromptSet, classes: Sequence[str], device: torch.device, encode: Callable[[list[str]], torch.Tensor]
+    ) -> torch.Tensor:
+        key = (prompts, tuple(classes), str(device))
+        if key not in self._store:
+            texts = prompts.texts(classes)
+            embeddings = torch.cat([encode(texts[i : i + self.batch_size]).float() for i in range(0, len(texts), self.batch_size)])
+            embeddings = F.normalize(embeddings, dim=-1)
+            per_polarity = [len(t) for t in prompts.polarities]
+            by_class = embeddings.view(len(classes), sum(per_polarity), -1)
+            ensembles = [chunk.mean(dim=1) for chunk in by_class.split(per_polarity, dim=1)]
+            self._store[key] = F.normalize(torch.stack(ensembles, dim=1), dim=-1)
+        return self._store[key]
