@@ -36,6 +36,10 @@ class Preprocess:
         ``"letterbox"``: resize the long side to ``canvas``, zero-pad symmetrically to
         ``canvas x canvas`` (odd pad: the extra pixel goes right/bottom), then centre-crop
         ``size x size``.
+    antialias:
+        resample as PIL does (torchvision's ``Resize`` on PIL images): when shrinking, the
+        bilinear/bicubic kernel widens with the scale factor. Without it cv2 reads only the
+        nearest 2x2 / 4x4 pixels, and a 2000-pixel X-ray shrunk to 224 aliases.
     """
 
     resize: str = "squash"
@@ -44,6 +48,7 @@ class Preprocess:
     interpolation: str = "bilinear"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    antialias: bool = False
 
     def __post_init__(self) -> None:
         if self.resize not in ("squash", "crop", "letterbox"):
@@ -52,6 +57,8 @@ class Preprocess:
             raise ValueError("Preprocess.resize='letterbox' needs canvas >= size")
         if self.interpolation not in _INTERPOLATION:
             raise ValueError(f"Preprocess.interpolation must be one of {sorted(_INTERPOLATION)}")
+        if self.antialias and self.interpolation not in ("bilinear", "bicubic"):
+            raise ValueError("Preprocess.antialias needs interpolation 'bilinear' or 'bicubic'")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError("Preprocess.mean and .std need 3 values (the image is fed as RGB)")
 
@@ -84,7 +91,12 @@ class Preprocess:
         if image.ndim != 2:
             raise ValueError(f"expected a grey [H, W] image, got shape {image.shape}")
         ops, affine = self.plan(*image.shape)
-        out = A.Compose(ops)(image=np.ascontiguousarray(image, dtype=np.float32))["image"]
+        image = np.ascontiguousarray(image, dtype=np.float32)
+        if self.antialias:
+            resize, ops = ops[0], ops[1:]
+            image = F.interpolate(torch.from_numpy(image)[None, None], size=(resize.height, resize.width),
+                                  mode=self.interpolation, antialias=True)[0, 0].numpy()
+        out = A.Compose(ops)(image=image)["image"]
         rgb = torch.from_numpy(np.ascontiguousarray(out)).expand(3, -1, -1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
