@@ -57,6 +57,9 @@ class BenchmarkMetrics(nn.Module):
             **{k: rec[k] for k in ("auroc", "auprc", "f1", "hamming_acc")},
         }
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
+        # torchmetrics squeezes one-element results; a one-class dataset still needs [C]
+        columns = {k: v.reshape(len(self.classes)) for k, v in columns.items()}
+        counts = {k: v.reshape(len(self.classes)) for k, v in counts.items()}
         classes = {}
         for i, name in enumerate(self.classes):
             row = {k: _number(float(columns[k][i])) for k in self.keys}

@@ -1,0 +1,22 @@
+"""A weight-free model whose scores and maps depend on the pixels, for end-to-end tests."""
+
+import torch
+import torch.nn.functional as F
+
+from xbench_pl.geometry import Preprocess
+from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
+
+
+class IntensityModel(ZeroShotModel):
+    """Saliency = the image brightness on a 14 x 14 grid (shifted per class); score = a squashed mean brightness."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.preprocess = Preprocess(resize="crop", size=56)
+
+    def zero_shot(self, images, classes):
+        grid = F.adaptive_avg_pool2d(images[:, :1], 14)  # [B, 1, 14, 14]
+        shifts = torch.arange(len(classes), device=images.device, dtype=images.dtype)
+        saliency = grid + 0.01 * shifts.view(1, -1, 1, 1) * grid.roll(1, dims=-1)
+        scores = torch.sigmoid(images.mean(dim=(1, 2, 3))[:, None] * (1 + shifts[None]))
+        return ZeroShotOutput(scores=scores, saliency=saliency)

@@ -1,0 +1,63 @@
+"""Weight-free baselines: chance for the uniform map, a real prior for location_prior."""
+
+import lightning as L
+import pytest
+import torch
+
+import xbench_pl
+from xbench_pl.data.base import collate
+from xbench_pl.models.baselines import demo_image_ids, shipped_box_table
+from xbench_pl.data.nih_bbox import read_box_table
+
+
+def run(model, datamodule):
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.test(model, datamodule=datamodule, verbose=False)
+    return model.results
+
+
+def test_uniform_scores_chance_on_pointing_game():
+    datamodule = xbench_pl.create_datamodule("demo")
+    results = run(xbench_pl.create_model("uniform"), datamodule)["demo"]
+    # chance = mean area fraction of the regions, per class, on the eval grid
+    batch = collate([datamodule.test_set[i] for i in range(len(datamodule.test_set))])
+    area = batch.region_masks.flatten(1).double().mean(1)
+    for c, name in enumerate(datamodule.classes):
+        selected = batch.region_index[:, 1] == c
+        expected = area[selected].mean().item() if selected.any() else None
+        assert results["classes"][name]["pointing_game"] == (pytest.approx(expected) if expected is not None else None)
+    assert results["mean"]["auroc"] == 0.5
+
+
+def test_location_prior_is_the_mean_box_occupancy_of_its_table(tmp_path):
+    table = tmp_path / "boxes.csv"
+    table.write_text("Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
+                     "a.png,Nodule,0,0,512,512\n"
+                     "b.png,Nodule,512,512,512,512\n"
+                     "b.png,Nodule,0,0,256,256\n"
+                     "c.png,Mass,0,0,1024,1024\n")
+    model = xbench_pl.create_model("location_prior", table=str(table), exclude=["c.png"], grid=4)
+    nodule = model.class_map("Nodule")
+    expected = torch.tensor([[1.0, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]])
+    assert torch.allclose(nodule, expected)
+    with pytest.warns(UserWarning, match="no boxes of 'Mass'"):  # c.png excluded: Mass falls back
+        assert torch.allclose(model.class_map("Mass"), nodule)
+
+
+def test_location_prior_never_sees_the_demo_images():
+    shipped = read_box_table(shipped_box_table())
+    assert len(shipped) == 984 and shipped["image_id"].nunique() == 880
+    demo = set(demo_image_ids())
+    assert len(demo) == 12 and demo <= set(shipped["image_id"])
+    default = xbench_pl.create_model("location_prior")
+    with_demo = xbench_pl.create_model("location_prior", exclude=[])
+    assert not torch.equal(default.class_map("Cardiomegaly"), with_demo.class_map("Cardiomegaly"))
+
+
+def test_center_baseline_peaks_in_the_middle_and_beats_nothing_on_scores():
+    model = xbench_pl.create_model("center", sigma=0.2)
+    out = model.zero_shot(torch.zeros(2, 3, 32, 32), ["Nodule", "Mass"])
+    assert out.scores.shape == (2, 2) and torch.all(out.scores == 0.5)
+    grid = out.saliency[0, 0]
+    peak = torch.nonzero(grid == grid.max())
+    assert peak.float().mean(0).tolist() == pytest.approx([31.5, 31.5])

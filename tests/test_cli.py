@@ -1,0 +1,58 @@
+"""The CLI end to end, in subprocesses (DDP inside pytest would re-run the whole session)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xbench_pl.metrics import metric_keys
+
+REPO = Path(__file__).resolve().parents[1]
+ROW_KEYS = set(metric_keys()) | {"n_pos", "n_neg", "n_regions"}
+
+
+def cli(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
+    result = cli("test", "--model", "location_prior", "--data", "demo", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["model"] == "location_prior"
+    demo = report["datasets"]["demo"]
+    assert set(demo["mean"]) == ROW_KEYS and demo["problems"] == []
+    assert len(demo["classes"]) == 8 and all(set(row) == ROW_KEYS for row in demo["classes"].values())
+    assert demo["mean"]["n_regions"] == 12 and demo["mean"]["auroc"] == 0.5
+    assert report["config"]["data"]["init_args"]["eval_size"] == 512
+    assert "| demo |" in result.stdout and "| Cardiomegaly |" in (tmp_path / "metrics.md").read_text()
+
+
+def test_one_and_two_process_ddp_give_identical_metrics_on_an_odd_split(tmp_path):
+    ids = sorted(p.name for p in (REPO / "xbench_pl/data/assets/demo/images").glob("*.png"))[:11]
+    split = tmp_path / "split.csv"
+    split.write_text("image_id\n" + "\n".join(ids) + "\n")
+    common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
+              "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
+    one = cli(*common, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = cli(*common, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = (tmp_path / "one" / "metrics.json").read_text()
+    b = (tmp_path / "two" / "metrics.json").read_text()
+    assert a == b
+    mean = json.loads(a)["datasets"]["demo"]["mean"]
+    assert mean["n_pos"] + mean["n_neg"] == 11 * 8  # every image exactly once, no padding duplicates
+    assert 0.0 < mean["auroc"] < 1.0 and mean["auroc"] != 0.5  # scores depend on the pixels
+
+
+def test_print_config_and_unknown_names():
+    shown = cli("test", "--model", "center", "--data", "demo", "--print_config")
+    assert shown.returncode == 0 and "CenterBaseline" in shown.stdout and "sigma: 0.25" in shown.stdout
+    unknown = cli("test", "--model", "no_such_model", "--data", "demo")
+    assert unknown.returncode != 0 and "no_such_model" in unknown.stderr
