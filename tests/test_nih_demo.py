@@ -7,6 +7,7 @@ from PIL import Image
 from xbench_pl import create_datamodule
 from xbench_pl.data.io import DataError, read_image
 from xbench_pl.data.nih_bbox import NIH_BOX_CLASSES, DemoDataModule, NIHBoxDataModule, read_box_table
+from xbench_pl.data.regions import Box
 from xbench_pl.geometry import Preprocess
 
 HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
@@ -99,8 +100,8 @@ def test_full_real_box_table(real_cxr, tmp_path):
     for image_id in table.image_id.unique():
         (tmp_path / "images" / image_id).symlink_to(blank)
     (tmp_path / "BBox_List_2017.csv.gz").symlink_to(gz)
-    dm = NIHBoxDataModule(root=str(tmp_path))
-    records = dm.load_records()
+    dm = ready(NIHBoxDataModule(root=str(tmp_path)))  # setup also checks every image
+    records = dm.test_set.records
     assert dm.problems == []
     assert len(records) == 880 and sum(len(v) for r in records for v in r.regions.values()) == 984
     per_class = {c: sum(len(r.regions.get(c, [])) for r in records) for c in NIH_BOX_CLASSES}
@@ -146,32 +147,35 @@ def test_official_images_folders_and_split(tmp_path):
 @pytest.mark.parametrize(
     "row, reason",
     [
-        ("a.png,Mass,1,2,,10", "finite"),
-        ("a.png,Mass,1,2,nan,10", "finite"),
-        ("a.png,Mass,1,2,-4,10", "positive size"),
-        ("a.png,Mass,1,2,abc,10", "could not convert"),
+        ("a.png,Mass,1,2,,10", "not numeric"),
+        ("a.png,Mass,1,2,nan,10", "not finite"),
+        ("a.png,Mass,1,2,-4,10", "non-positive size"),
+        ("a.png,Mass,1,2,abc,10", "not numeric"),
         ("a.png,Pneumonitis,1,2,5,10", "Pneumonitis"),
-        ("a.png,Mass,100,2,5,10", "outside"),
+        (",Mass,1,2,5,10", "empty Image Index"),
+        ("a.png,Mass,100,2,5,10", "lies outside"),  # found by the setup image check (a.png is 64x48)
         ("zz.png,Mass,1,2,5,10", "image file not found"),
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, row, reason):
     write_nih(tmp_path, ["a.png,Nodule,1,1,4,4", row], {"a.png": "images"})
-    with pytest.raises(DataError, match=rf"BBox_List_2017.csv, row 3: .*{reason}"):
-        NIHBoxDataModule(root=str(tmp_path)).load_records()
-    dm = NIHBoxDataModule(root=str(tmp_path), on_error="skip")
-    records = dm.load_records()
-    assert [r.image_id for r in records] == ["a.png"] and records[0].labels == {"Nodule": 1}
-    assert len(dm.problems) == 1 and dm.problems[0].row == "3" and reason in dm.problems[0].reason
+    with pytest.raises(DataError, match=reason) as error:
+        ready(NIHBoxDataModule(root=str(tmp_path)))
+    assert "BBox_List_2017.csv, row 3" in str(error.value)
+    dm = ready(NIHBoxDataModule(root=str(tmp_path), on_error="skip"))
+    (record,) = [r for r in dm.test_set.records if r.image_id == "a.png"]
+    assert record.regions["Nodule"] and not record.regions.get("Mass") and len(dm.test_set) == 1
+    assert len(dm.problems) == 1 and reason in dm.problems[0].reason and dm.problems[0].action == "skipped"
+    assert "row 3" in str(dm.problems[0])
 
 
 def test_boxes_clipped_and_duplicates_dropped_are_counted(tmp_path):
     write_nih(tmp_path, ["a.png,Mass,-5,40,20,20", "a.png,Nodule,1,1,4,4", "a.png,Nodule,1,1,4,4"], {"a.png": "images"})
-    dm = NIHBoxDataModule(root=str(tmp_path))  # fixes, not errors: recorded even when raising
-    (record,) = dm.load_records()
-    assert record.regions["Mass"][0] == type(record.regions["Mass"][0])(0.0, 40.0, 15.0, 48.0)
-    assert len(record.regions["Nodule"]) == 1
-    assert [(p.row, "clipped" in p.reason or "duplicate of row 3" in p.reason) for p in dm.problems] == [("2", True), ("4", True)]
+    dm = ready(NIHBoxDataModule(root=str(tmp_path)))  # corrections, not errors: recorded even when raising
+    (record,) = dm.test_set.records
+    assert record.regions["Mass"] == [Box(0.0, 40.0, 15.0, 48.0)]
+    assert record.regions["Nodule"] == [Box(1.0, 1.0, 5.0, 5.0)]
+    assert sorted((p.row, p.action) for p in dm.problems) == [("2", "clipped"), ("4", "deduplicated")]
 
 
 def test_missing_table_and_columns(tmp_path):

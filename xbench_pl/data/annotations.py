@@ -1,4 +1,5 @@
-"""Pieces the dataset readers share: finding image files, checking boxes, lazily decoded masks.
+"""Pieces the dataset readers share: finding image files, parsing and clipping boxes, lazily
+decoded masks.
 
 Masks are kept as their encoding (``RLEMask``) or their file (``MaskFile``) and decoded only
 when the sample is rasterised, so a dataset of full-resolution masks costs no memory at load.
@@ -16,26 +17,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from xbench_pl.data.io import DataError
+from xbench_pl.data.io import DataError, parse_floats
 from xbench_pl.data.regions import Box, Mask
-
-
-def image_size(path: Path) -> tuple[int, int]:
-    """``(H, W)`` of an image file from its header (no pixel decoding)."""
-    if not path.is_file():
-        raise DataError(path, "image file not found")
-    try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except (UnidentifiedImageError, OSError) as error:
-        raise DataError(path, f"cannot read image header ({error})") from error
-    return height, width
 
 
 class ImageIndex:
     """Image files under ``folder`` matching ``pattern``, by file name (or stem).
 
-    A name found in two places is ambiguous: looking it up is an error naming both paths.
+    A name found in two places is ambiguous: looking it up is an error naming both paths. A
+    name not found maps to ``default / name``, so that the image check at setup reports it
+    missing (with the annotation row that wanted it).
     """
 
     def __init__(self, folder: Path, pattern: str, by: str = "name"):
@@ -50,13 +41,28 @@ class ImageIndex:
     def __contains__(self, key: str) -> bool:
         return key in self.paths
 
-    def get(self, key: str) -> Path:
+    def get(self, key: str, default: Path | None = None) -> Path:
         found = self.paths.get(key, [])
         if not found:
-            raise DataError(self.folder / key, "image file not found")
+            return (default or self.folder) / key
         if len(found) > 1:
             raise DataError(found[0], f"image name {key!r} is ambiguous: also at {[str(p) for p in found[1:]]}")
         return found[0]
+
+
+def parse_box(values, convention: str) -> Box:
+    """A ``Box`` from annotation cells; ``ValueError`` saying what is malformed.
+
+    conventions: ``"xywh"`` (top-left corner, width, height), ``"xyxy"`` (continuous corners),
+    ``"xyxy_inclusive"`` (integer pixel corners, last row/column included: ``x2 + 1, y2 + 1``).
+    """
+    if len(values) != 4:
+        raise ValueError(f"box {convention} {tuple(values)} does not have 4 values")
+    a, b, c, d = parse_floats(values, f"box {convention}")
+    x1, y1 = (a + c, b + d) if convention == "xywh" else (c + 1, d + 1) if convention == "xyxy_inclusive" else (c, d)
+    if x1 <= a or y1 <= b:
+        raise ValueError(f"box {convention} {tuple(values)} has a non-positive size")
+    return Box(a, b, x1, y1)
 
 
 def checked_box(x0: float, y0: float, x1: float, y1: float, height: int, width: int) -> tuple[Box, bool]:
@@ -93,27 +99,41 @@ def rle_counts(encoded: str) -> list[int]:
     return counts
 
 
-def decode_coco_rle(encoded: str, height: int, width: int) -> np.ndarray:
-    """Binary ``[H, W]`` mask of a column-major COCO compressed RLE."""
-    counts = np.asarray(rle_counts(encoded), dtype=np.int64)
-    if (counts < 0).any() or counts.sum() != height * width:
-        raise ValueError(f"COCO RLE runs (sum {counts.sum()}) do not tile a {height}x{width} mask")
-    values = np.arange(len(counts)) % 2 == 1  # runs alternate 0, 1, 0, ... from 0
-    return np.repeat(values, counts).reshape(width, height).T
-
-
 @dataclass(frozen=True)
 class RLEMask:
-    """A mask kept as COCO compressed RLE ``counts`` of ``size = (H, W)``; decoded when rasterised."""
+    """A mask of ``size = (H, W)`` kept as its column-major run lengths (0-run first).
 
-    counts: str
+    Rasterising samples the runs at the eval-grid pixel centres (as ``regions.Mask``) without
+    decoding the full-resolution mask.
+    """
+
+    counts: tuple[int, ...]
     size: tuple[int, int]
 
+    @classmethod
+    def from_coco(cls, encoded: str, size: tuple[int, int]) -> RLEMask:
+        """From a COCO compressed RLE string; ``ValueError`` if its runs do not tile ``size``."""
+        counts = rle_counts(encoded)
+        height, width = size
+        if any(c < 0 for c in counts) or sum(counts) != height * width:
+            raise ValueError(f"COCO RLE runs (sum {sum(counts)}) do not tile a {height}x{width} mask")
+        return cls(tuple(counts), (height, width))
+
+    def any(self) -> bool:
+        return any(self.counts[1::2])
+
     def decode(self) -> np.ndarray:
-        return decode_coco_rle(self.counts, *self.size)
+        values = np.arange(len(self.counts)) % 2 == 1
+        height, width = self.size
+        return np.repeat(values, self.counts).reshape(width, height).T
 
     def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
-        return Mask(self.decode()).rasterize(height, width, eval_size)
+        if self.size != (height, width):
+            raise ValueError(f"mask size {self.size} != image size {(height, width)}")
+        rows = np.floor((np.arange(eval_size) + 0.5) * (height / eval_size)).astype(np.int64)
+        cols = np.floor((np.arange(eval_size) + 0.5) * (width / eval_size)).astype(np.int64)
+        run = np.searchsorted(np.cumsum(self.counts), cols[None, :] * height + rows[:, None], side="right")
+        return run % 2 == 1
 
 
 @dataclass(frozen=True)

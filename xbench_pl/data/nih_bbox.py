@@ -19,10 +19,11 @@ Default evaluation set: the whole box list, as XBench: **880 images, 984 boxes**
 180, Pleural Effusion 153, Cardiomegaly 146, Infiltration 123, Pneumonia 120, Pneumothorax 98,
 Mass 85, Nodule 79); ``split_file`` restricts it.
 
-Bad input: a malformed row (missing or non-numeric value, NaN, non-positive size), an unknown
-finding name or a boxed image that is missing is an error naming file and row (or a counted
-skip with ``on_error='skip'``). A box reaching outside the image is clipped to it, and an
-exact duplicate row is dropped; both are always recorded in ``problems`` (never raised).
+Bad input: a malformed row (missing or non-numeric value, NaN, non-positive size) or an
+unknown finding name is an error naming file and row (or a counted skip with
+``on_error='skip'``); so is a missing or undecodable image, found by the setup image check. A
+box reaching outside its image is clipped to it (entirely outside: an error), and an exact
+duplicate row is dropped; both corrections are always recorded in ``problems``, never raised.
 """
 
 from __future__ import annotations
@@ -33,25 +34,31 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xbench_pl.data.annotations import ImageIndex, checked_box, image_size
+from xbench_pl.data.annotations import ImageIndex, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 BOX_TABLE = "BBox_List_2017.csv"
+BOX_COLUMNS = ("image_id", "finding", "x", "y", "w", "h")
 NIH_BOX_CLASSES = dataset_classes("nih_bbox")
 NO_FINDING = "No Finding"
+ENTRY_COLUMNS = ("Image Index", "Finding Labels")
 
 
 def read_box_table(path: str | Path) -> pd.DataFrame:
-    """The box list as string columns ``image_id, finding, x, y, w, h, row`` (row = 1-based line in the file)."""
+    """The box list as stripped string columns ``image_id, finding, x, y, w, h`` (empty cells ``""``)
+    and ``row`` (1-based line in the file); blank lines dropped. The header's ``Bbox [x,y,w,h],,,``
+    spans four columns, so the header is skipped and the first six columns taken by position."""
     try:
-        table = pd.read_csv(path, header=None, skiprows=1, usecols=range(6), dtype=str, skip_blank_lines=False)
-    except ValueError as error:  # fewer than 6 columns
+        table = pd.read_csv(path, header=None, skiprows=1, usecols=range(6), dtype=str, keep_default_na=False,
+                            skip_blank_lines=False)
+    except (ValueError, OSError, pd.errors.ParserError) as error:  # e.g. fewer than 6 columns
         raise DataError(path, f"not an NIH box list with columns Image Index, Finding Label, x, y, w, h ({error})") from error
-    table.columns = ["image_id", "finding", "x", "y", "w", "h"]
+    table.columns = list(BOX_COLUMNS)
+    table = table.apply(lambda column: column.str.strip())
     table["row"] = range(2, len(table) + 2)
-    return table.dropna(how="all", subset=["image_id", "finding", "x", "y", "w", "h"])
+    return table[(table[list(BOX_COLUMNS)] != "").any(axis=1)]
 
 
 def find_table(root: Path, stem: str) -> Path | None:
@@ -85,33 +92,23 @@ class NIHBoxDataModule(XBenchDataModule):
         if table_path is None:
             raise DataError(root / BOX_TABLE if root else BOX_TABLE, "NIH box list not found (set --data.root)")
         images = ImageIndex(root, "images*/**/*.png")
+        table = drop_duplicate_rows(read_box_table(table_path), BOX_COLUMNS, table_path, self.report)
         records: dict[str, Record] = {}
-        sizes: dict[str, tuple[int, int]] = {}
-        first_row: dict[tuple, int] = {}
-        for row in read_box_table(table_path).itertuples(index=False):
-            key = (row.image_id, row.finding, row.x, row.y, row.w, row.h)
-            if key in first_row:
-                self.problems.append(DataError(table_path, f"duplicate of row {first_row[key]}; dropped", row=row.row).problem)
-                continue
-            first_row[key] = row.row
+        for row in table.itertuples(index=False):
             try:
-                if not isinstance(row.image_id, str):
-                    raise ValueError("no image index")
-                finding = canonical(str(row.finding), self.name)
-                x, y, w, h = (float(v) for v in (row.x, row.y, row.w, row.h))
-                if row.image_id not in sizes:
-                    sizes[row.image_id] = image_size(images.get(row.image_id))
-                box, clipped = checked_box(x, y, x + w, y + h, *sizes[row.image_id])
-            except (KeyError, ValueError, TypeError) as error:
+                if not row.image_id:
+                    raise ValueError("empty Image Index")
+                finding = canonical(row.finding, self.name)
+                box = parse_box((row.x, row.y, row.w, row.h), "xywh")
+            except (KeyError, ValueError) as error:
                 self.report(DataError(table_path, str(error).strip('"'), row=row.row))
                 continue
-            if clipped:
-                self.problems.append(DataError(table_path, f"box xywh {x, y, w, h} reaches outside the image; clipped", row=row.row).problem)
-            record = records.setdefault(
-                row.image_id, Record(row.image_id, images.get(row.image_id), {}, {}, f"{table_path}, row {row.row}")
-            )
+            record = records.get(row.image_id)
+            if record is None:
+                path = images.get(row.image_id, default=root / "images")
+                record = records[row.image_id] = Record(row.image_id, path, {}, {}, f"{table_path}, row {row.row}")
             record.labels[finding] = 1
-            record.regions.setdefault(finding, []).append(box)
+            record.add_region(finding, box, table_path, row.row)
         entries = self.read_entries(root)
         if entries is not None:
             self.add_entry_labels(entries, records)
@@ -120,47 +117,40 @@ class NIHBoxDataModule(XBenchDataModule):
         return list(records.values())
 
     def read_entries(self, root: Path) -> pd.DataFrame | None:
-        """``Data_Entry_2017*.csv`` as ``image_id, findings, row``; None if the folder has none."""
+        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, row``); None if the folder has none."""
         path = find_table(root, "Data_Entry_2017")
         if path is None:
             return None
-        try:
-            table = pd.read_csv(path, usecols=["Image Index", "Finding Labels"], dtype=str)
-        except ValueError as error:  # missing columns
-            raise DataError(path, str(error)) from error
-        table.columns = ["image_id", "findings"]
-        table["row"] = range(2, len(table) + 2)
+        table = read_table(path, ENTRY_COLUMNS)[[*ENTRY_COLUMNS, "row"]]
         table.attrs["path"] = path
         return table
 
     def add_entry_labels(self, entries: pd.DataFrame, records: dict[str, Record]) -> None:
         path = entries.attrs["path"]
-        for row in entries[entries["image_id"].isin(records.keys())].itertuples(index=False):
-            if not isinstance(row.findings, str):
-                self.report(DataError(path, "empty Finding Labels", row=row.row))
+        for image_id, findings, row in entries[entries["Image Index"].isin(records.keys())].itertuples(index=False):
+            if not findings:
+                self.report(DataError(path, "empty Finding Labels", row=row))
                 continue
-            for spelling in row.findings.split("|"):
+            for spelling in findings.split("|"):
                 if spelling.strip() == NO_FINDING:
                     continue
                 try:
-                    records[row.image_id].labels[canonical(spelling, self.name)] = 1
+                    records[image_id].labels[canonical(spelling, self.name)] = 1
                 except KeyError as error:
-                    self.report(DataError(path, str(error).strip('"'), row=row.row))
+                    self.report(DataError(path, str(error).strip('"'), row=row))
 
     def sample_negatives(self, entries: pd.DataFrame | None, boxed: dict[str, Record], images: ImageIndex) -> dict[str, Record]:
         if entries is None:
             raise DataError(self.root / "Data_Entry_2017.csv", "negatives need the NIH Data_Entry_2017*.csv label table")
-        normal = entries[(entries["findings"].str.strip() == NO_FINDING) & ~entries["image_id"].isin(boxed.keys())]
-        normal = normal.sort_values("image_id")
+        normal = entries[(entries["Finding Labels"] == NO_FINDING) & ~entries["Image Index"].isin(boxed.keys())]
+        normal = normal.sort_values("Image Index")
         if self.negatives > len(normal):
             raise ValueError(f"negatives={self.negatives} but {entries.attrs['path']} has only {len(normal)} unboxed No Finding images")
         chosen = np.sort(np.random.default_rng(self.seed).choice(len(normal), self.negatives, replace=False))
         path = entries.attrs["path"]
         out = {}
-        for row in normal.iloc[chosen].itertuples(index=False):
-            # no boxes, so no size needed now: a missing file is an error when the image is read
-            file = images.get(row.image_id) if row.image_id in images else self.root / "images" / row.image_id
-            out[row.image_id] = Record(row.image_id, file, {}, {}, f"{path}, row {row.row}")
+        for image_id, _, row in normal.iloc[chosen].itertuples(index=False):
+            out[image_id] = Record(image_id, images.get(image_id, default=self.root / "images"), {}, {}, f"{path}, row {row}")
         return out
 
 
