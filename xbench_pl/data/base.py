@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
+from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
 from xbench_pl.data.io import DataError, Problem, read_image_size
 from xbench_pl.data.regions import Box, Region, rasterize_union
@@ -150,7 +151,8 @@ class DatasetSpec:
 
 
 class XBenchDataModule(L.LightningDataModule):
-    """Base of every dataset. Subclasses set ``name`` and ``default_classes`` and implement ``load_records``.
+    """Base of every dataset. Subclasses set ``name`` and ``default_classes`` (optionally
+    ``available_classes``, a superset ``classes`` may choose from) and implement ``load_records``.
 
     Args:
         root: folder of the dataset exactly as it unpacks from its official source.
@@ -176,6 +178,7 @@ class XBenchDataModule(L.LightningDataModule):
 
     name: str = ""
     default_classes: tuple[str, ...] = ()
+    available_classes: tuple[str, ...] = ()  # classes ``classes`` may ask for beyond the defaults (default: none)
 
     def __init__(
         self,
@@ -198,9 +201,10 @@ class XBenchDataModule(L.LightningDataModule):
         self.root = None if root is None else Path(root)
         self.split_file = split_file
         self.classes = list(classes) if classes else list(self.default_classes)
-        unknown = sorted(set(self.classes) - set(self.default_classes))
+        allowed = self.available_classes or self.default_classes
+        unknown = sorted(set(self.classes) - set(allowed))
         if unknown:
-            raise ValueError(f"{self.name}: unknown classes {unknown}; this dataset has {list(self.default_classes)}")
+            raise ValueError(f"{self.name}: unknown classes {unknown}; this dataset has {list(allowed)}")
         self.batch_size, self.num_workers, self.eval_size = batch_size, num_workers, eval_size
         self.on_error, self.preprocess = on_error, preprocess
         self.images = ImageStore(cache_dir or os.environ.get(CACHE_ENV) or None, max_side)
@@ -281,10 +285,8 @@ class XBenchDataModule(L.LightningDataModule):
             record.regions[finding] = kept
 
     def clip_box(self, box: Box, height: int, width: int, finding: str, file: str, row: int | None) -> Box:
-        clipped = Box(max(box.x0, 0.0), max(box.y0, 0.0), min(box.x1, float(width)), min(box.y1, float(height)))
-        if clipped.x1 <= clipped.x0 or clipped.y1 <= clipped.y0:
-            raise ValueError(f"box {_xyxy(box)} lies outside it")
-        if clipped != box:
+        clipped, changed = checked_box(box.x0, box.y0, box.x1, box.y1, height, width)
+        if changed:
             self.report(DataError(file, f"{finding} box {_xyxy(box)} extends outside the {width}x{height} image: "
                                         f"clipped to {_xyxy(clipped)}", row=row, action="clipped"))
         return clipped

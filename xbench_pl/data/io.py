@@ -4,8 +4,8 @@ errors bad input raises.
 Structural problems (a missing table or column, an empty split) always raise ``DataError``.
 Per-row and per-image problems go through a ``report`` callable (the datamodule's
 ``report``): it raises, or with ``on_error="skip"`` records a ``Problem`` and the caller
-drops the row or image. A problem that is corrected rather than dropped (a box clipped to
-its image) is always recorded, with its ``action``.
+drops the row or image. A problem that is corrected (a box clipped to its image, an exact
+duplicate row dropped) is always recorded, with its ``action``, and never raises.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ class Problem:
 
     ``row`` is the 1-based line of the annotation file (the header is line 1), or ``None``
     for a whole file; ``action`` says what was done about it: ``"skipped"`` (the row, region
-    or image was left out) or ``"clipped"`` (a box was cut to its image and kept).
+    or image was left out; an error unless ``on_error="skip"``), or a correction recorded in
+    either mode: ``"clipped"`` (a box was cut to its image and kept), ``"deduplicated"`` (an
+    exact repeat of an earlier row was dropped).
     """
 
     file: str
@@ -126,7 +128,7 @@ def read_table(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
 
 
 def drop_duplicate_rows(table: pd.DataFrame, columns: Sequence[str], path: str | Path, report: Report) -> pd.DataFrame:
-    """Rows repeating an earlier row on ``columns`` are reported and dropped (kept once)."""
+    """Rows repeating an earlier row on ``columns`` are dropped (kept once) and always recorded."""
     first_row: dict[tuple, int] = {}
     keep = []
     for key, row in zip(table[list(columns)].itertuples(index=False, name=None), table["row"]):
@@ -134,7 +136,7 @@ def drop_duplicate_rows(table: pd.DataFrame, columns: Sequence[str], path: str |
         if keep[-1]:
             first_row[key] = row
         else:
-            report(DataError(path, f"duplicated row (same as row {first_row[key]})", row=row))
+            report(DataError(path, f"duplicate of row {first_row[key]}; dropped", row=row, action="deduplicated"))
     return table[keep]
 
 

@@ -1,0 +1,123 @@
+"""SIIM-ACR Pneumothorax Segmentation (Kaggle 2019): the labelled stage-1 train set.
+
+Layout as downloaded (e.g. the Kaggle mirror ``siim-acr-pneumothorax-segmentation-data``)::
+
+    root/dicom-images-train/<StudyUID>/<SeriesUID>/<SOPInstanceUID>.dcm   1024², JPEG Baseline
+    root/train-rle.csv                                                    ImageId, EncodedPixels
+
+The DICOM tree is walked and files are keyed by stem (the ``ImageId``). The CSV header has a
+leading space (``" EncodedPixels"``); one row per pneumothorax instance; ``-1`` marks a
+negative image. Masks are **relative** run-length encoded, **column-major**: (gap, run)
+pairs, each gap counted from the end of the previous run (the first from pixel 0), over the
+pixels in column order; decoded as a flat array reshaped to ``(W, H)`` and transposed.
+Instances of an image are united. The one class is ``Pneumothorax``.
+
+Default evaluation set: every image of ``train-rle.csv``, **12,047 images: 2,669 positive
+(3,576 instance rows) and 9,378 negative**, so AUROC/AUPRC are defined; ``split_file``
+restricts it (XBench's SIIM split is not public).
+
+Bad input: an empty ImageId, an encoding that is not an even list of non-negative integers
+(runs >= 1), a mask overrunning its image (found at setup), or a ``-1`` row for an image
+that also has instance rows is an error naming file and row (a counted skip with
+``on_error='skip'``); exact duplicate rows are dropped and recorded. An ImageId with no
+DICOM in the tree is a missing image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xbench_pl.data.annotations import ImageIndex
+from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
+from xbench_pl.data.regions import Mask
+from xbench_pl.data.vocabulary import dataset_classes
+
+RLE_TABLE = "train-rle.csv"
+COLUMNS = ("ImageId", "EncodedPixels")
+NEGATIVE = "-1"
+(PNEUMOTHORAX,) = dataset_classes("siim_pneumothorax")
+
+
+@dataclass(frozen=True)
+class RelativeRLEMask:
+    """One SIIM instance mask, kept as its (gap, run) pairs; decoded when rasterised."""
+
+    pairs: tuple[int, ...]
+
+    def decode(self, height: int, width: int) -> np.ndarray:
+        """Binary ``[H, W]`` mask; ``ValueError`` if the runs overrun ``H * W`` pixels."""
+        flat = np.zeros(height * width, dtype=bool)
+        position = 0
+        for gap, run in zip(self.pairs[::2], self.pairs[1::2]):
+            position += gap
+            if position + run > flat.size:
+                raise ValueError(f"run-length mask overruns the {width}x{height} image (pixel {position + run})")
+            flat[position : position + run] = True
+            position += run
+        return flat.reshape(width, height).T
+
+    def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
+        return Mask(self.decode(height, width)).rasterize(height, width, eval_size)
+
+
+def parse_rle(encoded: str) -> RelativeRLEMask:
+    try:
+        pairs = tuple(int(v) for v in encoded.split())
+    except ValueError:
+        raise ValueError(f"EncodedPixels {encoded[:40]!r} is not a list of integers") from None
+    if not pairs or len(pairs) % 2 or min(pairs[::2]) < 0 or min(pairs[1::2]) < 1:
+        raise ValueError(f"EncodedPixels {encoded[:40]!r} is not (gap >= 0, run >= 1) pairs")
+    return RelativeRLEMask(pairs)
+
+
+def parse_siim_rle(table_path: str | Path, image_path: Callable[[str], Path], report: Report = raise_error) -> list[Record]:
+    """Records of ``train-rle.csv`` (``.gz`` too), one per ImageId, image at ``image_path(ImageId)``;
+    bad rows go to ``report`` and are left out."""
+    table_path = Path(table_path)
+    table = drop_duplicate_rows(read_table(table_path, COLUMNS), COLUMNS, table_path, report)
+    records: dict[str, Record] = {}
+    negative_rows: dict[str, int] = {}
+    for row in table.itertuples(index=False):
+        try:
+            if not row.ImageId:
+                raise ValueError("empty ImageId")
+            mask = None if row.EncodedPixels == NEGATIVE else parse_rle(row.EncodedPixels)
+            record = records.get(row.ImageId)
+            if record is None:
+                path = image_path(row.ImageId)
+                record = records[row.ImageId] = Record(row.ImageId, path, {PNEUMOTHORAX: 0}, {}, f"{table_path}, row {row.row}")
+        except DataError as error:
+            report(error)
+            continue
+        except ValueError as error:
+            report(DataError(table_path, str(error), row=row.row))
+            continue
+        if mask is None:
+            negative_rows[row.ImageId] = row.row
+        else:
+            record.labels[PNEUMOTHORAX] = 1
+            record.add_region(PNEUMOTHORAX, mask, table_path, row.row)
+    for image_id, row in negative_rows.items():
+        if records[image_id].labels[PNEUMOTHORAX]:
+            report(DataError(table_path, f"-1 (no pneumothorax) row for {image_id}, which has instance rows", row=row))
+    return list(records.values())
+
+
+class SIIMPneumothoraxDataModule(XBenchDataModule):
+    name = "siim_pneumothorax"
+    default_classes = (PNEUMOTHORAX,)
+
+    def load_records(self) -> list[Record]:
+        if self.root is None:
+            raise DataError(RLE_TABLE, "SIIM root not set (--data.root: the folder holding train-rle.csv)")
+        dicoms = ImageIndex(self.root, "**/*.dcm", by="stem")
+        return parse_siim_rle(self.root / RLE_TABLE, lambda image_id: self.find_image(dicoms, image_id), self.report)
+
+    def find_image(self, dicoms: ImageIndex, image_id: str) -> Path:
+        # an ImageId without a file gets a path that does not exist: setup reports it as a missing image
+        return dicoms.get(image_id) if image_id in dicoms else self.root / f"{image_id}.dcm"

@@ -1,0 +1,93 @@
+"""``python -m xbench_pl describe --data NAME [--data.root DIR] [--data.ARG ...] [--json]``.
+
+Reads a registered dataset exactly as ``test`` would (tables, split, image check) and prints,
+per class, the evaluated images, the positives (label 1) and the region instances (boxes,
+polygons, mask rows), then every problem found. ``describe`` collects all problems rather
+than stopping at the first (``--data.on_error skip`` is its default; pass ``raise`` to stop).
+``--json`` prints ``{"images": N, "classes": {CLASS: {"images", "positives", "regions"}},
+"problems": [{"file", "row", "reason", "action"}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.io import DataError, Problem
+from xbench_pl.registry import available, config_path, resolve_class
+
+
+def summarize(records: list[Record], classes: list[str], problems: list[Problem]) -> dict:
+    """The ``--json`` summary of evaluated records."""
+    return {
+        "images": len(records),
+        "classes": {
+            c: {
+                "images": len(records),
+                "positives": sum(r.labels.get(c, 0) for r in records),
+                "regions": sum(len(r.regions.get(c, [])) for r in records),
+            }
+            for c in classes
+        },
+        "problems": [p.to_dict() for p in problems],
+    }
+
+
+def format_summary(name: str, summary: dict) -> str:
+    width = max([len("class")] + [len(c) for c in summary["classes"]])
+    lines = [f"{name}: {summary['images']} images", f"{'class':<{width}}  {'images':>7}  {'positives':>9}  {'regions':>7}"]
+    for c, counts in summary["classes"].items():
+        lines.append(f"{c:<{width}}  {counts['images']:>7}  {counts['positives']:>9}  {counts['regions']:>7}")
+    lines.append(f"{len(summary['problems'])} problem(s)")
+    lines += [f"- {Problem(**p)} [{p['action']}]" for p in summary["problems"]]
+    return "\n".join(lines)
+
+
+def split_name(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``--data NAME`` (or ``--data=NAME``) out of ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == "--data" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
+        if arg.startswith("--data="):
+            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
+def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1])
+    parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults({f"data.{k}": v for k, v in {"on_error": "skip", **defaults}.items()})
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name, rest = split_name(argv)
+    if name is None:
+        print(f"describe: --data NAME is required; available: {available('data')}", file=sys.stderr)
+        return 2
+    try:
+        config = yaml.safe_load(config_path("data", name).read_text())
+    except KeyError as error:
+        print(f"describe: {error.args[0]}", file=sys.stderr)
+        return 2
+    datamodule_class = resolve_class(config["class_path"])
+    args = build_parser(datamodule_class, config.get("init_args") or {}).parse_args(rest)
+    datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())
+    try:
+        records = datamodule.prepare_records()
+    except DataError as error:
+        print(f"describe: {error}", file=sys.stderr)
+        return 1
+    summary = summarize(records, datamodule.classes, datamodule.problems)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(datamodule.name, summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
