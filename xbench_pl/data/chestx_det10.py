@@ -1,0 +1,119 @@
+"""ChestX-Det10 (Deepwise AI Lab): 3,543 NIH images renamed to integers, boxes of 10 findings.
+
+Layout as downloaded (``train_data.zip`` / ``test_data.zip`` unpacked into ``root``, plus the
+repository's JSONs)::
+
+    root/test.json, root/train.json    [{"file_name": "36204.png", "syms": [...], "boxes": [[x1, y1, x2, y2], ...]}, ...]
+    root/**/<integer>.png              1024², 8-bit (found anywhere under root, or under ``image_dir``)
+
+Coordinates: integer **xyxy, both ends inclusive** (the challenge ``eval.py`` adds 1 to
+widths) -> ``Box(x1, y1, x2 + 1, y2 + 1)``. ``syms`` and ``boxes`` are parallel; an image
+with empty lists is a negative of every class. Classes, as spelled: Atelectasis,
+Calcification, Consolidation, Effusion (-> Pleural Effusion), Emphysema, Fibrosis, Fracture,
+Mass, Nodule, Pneumothorax.
+
+Default evaluation split: ``test.json``, **542 images (459 with boxes, 83 negatives), 1,476
+boxes**: Consolidation 446, Pleural Effusion 372, Nodule 166, Fibrosis 120, Fracture 115,
+Calcification 67, Emphysema 66, Atelectasis 51, Pneumothorax 42, Mass 31. ``split="train"``
+reads ``train.json`` (3,001 images, 2,320 with boxes, 6,863 boxes).
+
+Bad input: the JSON not being a list of such entries is a ``DataError``. An entry without
+``file_name``/``syms``/``boxes``, with lists of different lengths, an unknown finding or a
+malformed box (not 4 numbers, NaN, x2 < x1) is an error naming the file and entry (``row``:
+1-based entry number and file name), or a counted skip with ``on_error='skip'`` (a bad box
+drops only itself). A file name listed twice is a duplicate (dropped and recorded) when the
+entries are equal, else an error. Boxes reaching outside the image are clipped at setup.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from xbench_pl.data.annotations import ImageIndex, parse_box
+from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.io import DataError
+from xbench_pl.data.vocabulary import canonical, dataset_classes
+
+SPLITS = ("test", "train")
+
+
+def read_json_list(path: Path) -> list:
+    if not path.is_file():
+        raise DataError(path, "annotation file not found (set --data.root)")
+    try:
+        entries = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(path, f"not valid JSON ({error})") from error
+    if not isinstance(entries, list):
+        raise DataError(path, f"expected a JSON list of images, got {type(entries).__name__}")
+    return entries
+
+
+class ChestXDet10DataModule(XBenchDataModule):
+    """ChestX-Det10 boxes.
+
+    Args:
+        split: ``"test"`` (default, ``test.json``) or ``"train"`` (``train.json``).
+        image_dir: folder of the PNGs relative to ``root`` (default: search all of ``root``;
+            set it if train and test images sit in different folders under one root).
+        **kwargs: ``XBenchDataModule`` arguments.
+    """
+
+    name = "chestx_det10"
+    default_classes = dataset_classes("chestx_det10")
+
+    def __init__(self, root: str | None = None, split: str = "test", image_dir: str | None = None, **kwargs):
+        super().__init__(root=root, **kwargs)
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.split, self.image_dir = split, image_dir
+
+    def load_records(self) -> list[Record]:
+        if self.root is None:
+            raise DataError(f"{self.split}.json", "ChestX-Det10 root not set (--data.root)")
+        path = self.root / f"{self.split}.json"
+        entries = read_json_list(path)
+        image_folder = self.root / self.image_dir if self.image_dir else self.root
+        images = ImageIndex(image_folder, "**/*.png")
+        records: dict[str, Record] = {}
+        first: dict[str, tuple[int, dict]] = {}
+        for number, entry in enumerate(entries, start=1):
+            name = entry.get("file_name") if isinstance(entry, dict) and isinstance(entry.get("file_name"), str) else None
+            row = f"{number} ({name})"
+            if name in first:
+                earlier, earlier_entry = first[name]
+                equal = earlier_entry == entry
+                self.report(DataError(path, f"{name} is also entry {earlier}" + ("; dropped" if equal else " with other boxes"),
+                                      row=row, action="deduplicated" if equal else "skipped"))
+                continue
+            try:
+                findings, boxes = self.parse_entry(entry)
+            except (KeyError, ValueError, TypeError) as error:
+                self.report(DataError(path, str(error).strip('"'), row=row))
+                continue
+            first[name] = (number, entry)
+            record = records[name] = Record(name, images.get(name, default=image_folder), {}, {}, f"{path}, row {row}")
+            for index, (finding, box) in enumerate(zip(findings, boxes)):
+                try:
+                    box = parse_box(box, "xyxy_inclusive")
+                except (ValueError, TypeError) as error:
+                    self.report(DataError(path, f"{finding} box {index}: {error}", row=row))
+                    continue
+                record.labels[finding] = 1
+                record.add_region(finding, box, path, row)
+        return list(records.values())
+
+    def parse_entry(self, entry) -> tuple[list[str], list]:
+        """The canonical findings and raw boxes of one entry; errors say what is wrong."""
+        if not isinstance(entry, dict):
+            raise TypeError(f"entry is a {type(entry).__name__}, not an object")
+        missing = [k for k in ("file_name", "syms", "boxes") if k not in entry]
+        if missing:
+            raise ValueError(f"entry lacks {missing}")
+        if not isinstance(entry["file_name"], str) or not entry["file_name"]:
+            raise ValueError(f"file_name {entry['file_name']!r} is not a file name")
+        syms, boxes = entry["syms"], entry["boxes"]
+        if not isinstance(syms, list) or not isinstance(boxes, list) or len(syms) != len(boxes):
+            raise ValueError(f"syms and boxes are not parallel lists ({syms!r} vs {boxes!r})")
+        return [canonical(s, self.name) for s in syms], boxes
