@@ -46,7 +46,7 @@ def read_dicom(path: str | Path) -> np.ndarray:
     except (InvalidDicomError, OSError, EOFError, ValueError) as error:
         raise DataError(path, f"not a readable DICOM file ({error})") from error
     if "PixelData" not in dataset:
-        raise DataError(path, "DICOM file has no pixel data")
+        raise DataError(path, "DICOM file has no pixel data (or it is truncated)")
     photometric = str(dataset.get("PhotometricInterpretation", ""))
     if photometric not in GREY or int(dataset.get("NumberOfFrames", 1) or 1) != 1:
         raise DataError(path, f"expected a single-frame MONOCHROME1/2 image, got {photometric or 'no'} "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -115,9 +116,6 @@ class SIIMPneumothoraxDataModule(XBenchDataModule):
     def load_records(self) -> list[Record]:
         if self.root is None:
             raise DataError(RLE_TABLE, "SIIM root not set (--data.root: the folder holding train-rle.csv)")
-        dicoms = ImageIndex(self.root, "**/*.dcm", by="stem")
-        return parse_siim_rle(self.root / RLE_TABLE, lambda image_id: self.find_image(dicoms, image_id), self.report)
-
-    def find_image(self, dicoms: ImageIndex, image_id: str) -> Path:
-        # an ImageId without a file gets a path that does not exist: setup reports it as a missing image
-        return dicoms.get(image_id) if image_id in dicoms else self.root / f"{image_id}.dcm"
+        # a missing ImageId maps to a path that does not exist: setup reports it as a missing image
+        dicoms = ImageIndex(self.root, "**/*.dcm", key=attrgetter("stem"))
+        return parse_siim_rle(self.root / RLE_TABLE, dicoms.get, self.report)
