@@ -73,7 +73,9 @@ def main() -> None:
     for name, make in (("clip_vit_b16", clip_manifest), ("biomedclip", biomedclip_manifest)):
         path = HERE / f"{name}_state_dict_manifest.json"
         data = make()
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        keys = ",\n".join(f"  {json.dumps(k)}: {json.dumps(shape)}" for k, shape in data["keys"].items())
+        header = json.dumps({k: v for k, v in data.items() if k != "keys"}, indent=1)[:-2]  # one line per key
+        path.write_text(f'{header},\n "keys": {{\n{keys}\n }}\n}}\n')
         print(f"{path.name}: {len(data['keys'])} keys, {data['parameters'] / 1e6:.2f} M parameters")
 
 

@@ -198,6 +198,8 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) 
         problems = [_listing(kind, items) for kind, items in
                     (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches (checkpoint != model)", mismatched))
                     if items]
+        if len(missing) > len(expected) / 2:
+            problems.append("most keys differ: are these weights of another architecture?")
         raise CheckpointError(f"checkpoint {source} does not fit the architecture: " + "; ".join(problems))
     model.load_state_dict(state, strict=True)
 
