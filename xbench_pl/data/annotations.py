@@ -10,30 +10,33 @@ COCO RLE (CheXlocalize ``gt_segmentations_*.json``) is decoded here, without pyc
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from xbench_pl.data.io import DataError, parse_floats
-from xbench_pl.data.regions import Box, Mask
+from xbench_pl.data.regions import Box, Mask, Polygon
 
 
 class ImageIndex:
-    """Image files under ``folder`` matching ``pattern``, by file name (or stem).
+    """Image files under ``folder`` matching ``pattern``, by ``key(path)`` (default: the file name).
 
-    A name found in two places is ambiguous: looking it up is an error naming both paths. A
-    name not found maps to ``default / name``, so that the image check at setup reports it
+    A key found in two places is ambiguous: looking it up is an error naming both paths. A
+    key not found maps to ``default / key``, so that the image check at setup reports it
     missing (with the annotation row that wanted it).
     """
 
-    def __init__(self, folder: Path, pattern: str, by: str = "name"):
+    def __init__(self, folder: Path, pattern: str, key: Callable[[Path], str] = attrgetter("name")):
         self.folder = folder
         self.paths: dict[str, list[Path]] = {}
         for path in sorted(folder.glob(pattern)):
-            self.paths.setdefault(getattr(path, by), []).append(path)
+            self.paths.setdefault(key(path), []).append(path)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -50,6 +53,19 @@ class ImageIndex:
         return found[0]
 
 
+def read_json(path: Path, expected: type = dict):
+    """A JSON annotation file whose top level must be ``expected`` (``dict`` or ``list``)."""
+    if not path.is_file():
+        raise DataError(path, "annotation file not found")
+    try:
+        content = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(path, f"not valid JSON ({error})") from error
+    if not isinstance(content, expected):
+        raise DataError(path, f"expected a JSON {expected.__name__} at the top level, got {type(content).__name__}")
+    return content
+
+
 def parse_box(values, convention: str) -> Box:
     """A ``Box`` from annotation cells; ``ValueError`` saying what is malformed.
 
@@ -63,6 +79,19 @@ def parse_box(values, convention: str) -> Box:
     if x1 <= a or y1 <= b:
         raise ValueError(f"box {convention} {tuple(values)} has a non-positive size")
     return Box(a, b, x1, y1)
+
+
+def parse_polygon(points) -> Polygon:
+    """A ``Polygon`` from a list of ``[x, y]`` points (at least 2, as PIL draws them); ``ValueError`` if malformed."""
+    if not isinstance(points, list) or len(points) < 2:
+        raise ValueError(f"polygon {str(points)[:80]} is not a list of at least 2 [x, y] points")
+    try:
+        pairs = tuple((float(x), float(y)) for x, y in points)
+    except (TypeError, ValueError):
+        raise ValueError(f"polygon {str(points)[:80]} has a point that is not a pair of numbers") from None
+    if not all(math.isfinite(v) for pair in pairs for v in pair):
+        raise ValueError(f"polygon {str(points)[:80]} has a non-finite point")
+    return Polygon(pairs)
 
 
 def checked_box(x0: float, y0: float, x1: float, y1: float, height: int, width: int) -> tuple[Box, bool]:

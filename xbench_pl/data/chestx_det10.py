@@ -27,27 +27,12 @@ entries are equal, else an error. Boxes reaching outside the image are clipped a
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from xbench_pl.data.annotations import ImageIndex, parse_box
+from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 SPLITS = ("test", "train")
-
-
-def read_json_list(path: Path) -> list:
-    if not path.is_file():
-        raise DataError(path, "annotation file not found (set --data.root)")
-    try:
-        entries = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(path, f"not valid JSON ({error})") from error
-    if not isinstance(entries, list):
-        raise DataError(path, f"expected a JSON list of images, got {type(entries).__name__}")
-    return entries
 
 
 class ChestXDet10DataModule(XBenchDataModule):
@@ -73,7 +58,7 @@ class ChestXDet10DataModule(XBenchDataModule):
         if self.root is None:
             raise DataError(f"{self.split}.json", "ChestX-Det10 root not set (--data.root)")
         path = self.root / f"{self.split}.json"
-        entries = read_json_list(path)
+        entries = read_json(path, list)
         image_folder = self.root / self.image_dir if self.image_dir else self.root
         images = ImageIndex(image_folder, "**/*.png")
         records: dict[str, Record] = {}
