@@ -26,15 +26,19 @@ Kept apart on purpose: ``Nodule`` and ``Mass`` (NIH, ChestX-Det10) vs VinDr's me
 Dataset-specific meaning: RSNA's positive class is spelled ``Lung Opacity`` but its target is
 pneumonia, so ``canonical("Lung Opacity", dataset="rsna_pneumonia") == "Pneumonia"``.
 
-Finding count. ``EVALUATED`` lists each dataset's evaluated classes in its native spelling
-(RSNA 1, SIIM 1, COVID-R 1, ChestX-Det10 10, CheXlocalize 10 localisation tasks, NIH 8,
-VinDr 22 local labels: 53 dataset-findings). ``canonical_findings()`` unites them after the
-merges above: **30 canonical findings** (``finding_count()``). XBench reports 36 over its
-55 = 1+1+1+10+13+8+21 dataset-findings; its list is not public. The difference is not in the
-merges alone: with none of them the 53 native spellings are 35 distinct strings.
+Finding count. ``NATIVE_CLASSES`` lists each dataset's annotated classes in its native
+spelling (RSNA 1, SIIM 1, COVID-R 1, ChestX-Det10 10, CheXlocalize 10 localisation tasks,
+NIH 8, VinDr 22 local labels: 53 dataset-findings); after the merges above they are **30
+canonical findings** (``finding_count()``). The datamodules' default class lists evaluate
+52 of them (VinDr drops ``Other lesion``, see ``vindr_cxr``): **29 canonical findings**
+(``finding_count`` of those lists; checked in ``tests/test_vocabulary.py``). XBench reports
+36 over its 55 = 1+1+1+10+13+8+21 dataset-findings; its list is not public. The difference
+is not in the merges alone: with none of them the 53 native spellings are 35 distinct strings.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 # canonical name -> spellings found in the datasets' native files (matched case-insensitively,
 # "_" == " "); the canonical name itself always matches.
@@ -87,8 +91,8 @@ DATASET_OVERRIDES: dict[str, dict[str, str]] = {
     "rsna_pneumonia": {"Lung Opacity": "Pneumonia"},
 }
 
-# each dataset's evaluated classes, spelled as in its native files
-EVALUATED: dict[str, tuple[str, ...]] = {
+# each dataset's annotated classes, spelled as in its native files, in its own order
+NATIVE_CLASSES: dict[str, tuple[str, ...]] = {
     "rsna_pneumonia": ("Lung Opacity",),
     "siim_pneumothorax": ("Pneumothorax",),
     "covid_rural": ("groud_glass_opacity",),
@@ -128,16 +132,18 @@ def canonical(spelling: str, dataset: str | None = None) -> str:
 
 
 def dataset_classes(dataset: str) -> tuple[str, ...]:
-    """A dataset's evaluated classes as canonical names, in its native order."""
-    return tuple(canonical(s, dataset) for s in EVALUATED[dataset])
+    """A dataset's annotated classes as canonical names, in its native order."""
+    return tuple(canonical(s, dataset) for s in NATIVE_CLASSES[dataset])
 
 
-def canonical_findings(datasets: list[str] | None = None) -> list[str]:
-    """Distinct canonical findings over the evaluated classes of ``datasets`` (default: all seven)."""
-    names = EVALUATED if datasets is None else datasets
-    return sorted({c for dataset in names for c in dataset_classes(dataset)})
+def canonical_findings(class_lists: Iterable[Iterable[str]] | None = None) -> list[str]:
+    """Distinct canonical findings over ``class_lists`` (canonical names; default: every
+    dataset's annotated classes)."""
+    lists = [dataset_classes(d) for d in NATIVE_CLASSES] if class_lists is None else class_lists
+    return sorted({canonical(c) for classes in lists for c in classes})
 
 
-def finding_count(datasets: list[str] | None = None) -> int:
-    """How many canonical findings the datasets evaluate together (30 for all seven; XBench reports 36)."""
-    return len(canonical_findings(datasets))
+def finding_count(class_lists: Iterable[Iterable[str]] | None = None) -> int:
+    """How many canonical findings ``class_lists`` cover together (30 for all annotated classes of
+    the seven datasets, 29 for the datamodules' defaults; XBench reports 36)."""
+    return len(canonical_findings(class_lists))

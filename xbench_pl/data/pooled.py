@@ -1,0 +1,117 @@
+"""Several datasets in one run, each evaluated and reported on its own.
+
+``PooledDataModule`` holds child ``XBenchDataModule``s. Its ``dataset_specs`` lists each
+child's (name, classes), so the model creates one metric set per dataset; its test
+dataloader is a list, one loader per child, each built by the child (exact, un-padded
+distributed sampling per dataset). Batches carry their dataset's name and class list, so
+nothing is mixed: a pooled run gives the same per-dataset numbers as separate runs.
+
+YAML (``configs/data/pooled.yaml``, or ``--data pooled --data.datasets '[...]'``)::
+
+    class_path: xbench_pl.data.pooled.PooledDataModule
+    init_args:
+      datasets:
+        - demo                                        # a registered name
+        - name: chestx_det10                          # a name with overrides
+          init_args: {root: /data/ChestX-Det10}
+        - class_path: xbench_pl.data.chexlocalize.CheXlocalizeDataModule
+          init_args: {root: /data/CheXlocalize, split: val}
+
+With ``root`` set (``--data.root /data``), a child built from a name or mapping without its
+own ``root`` reads ``root/<dataset name>`` when that folder exists: the shipped
+``configs/data/pooled.yaml`` pools the seven XBench datasets laid out that way.
+
+Settings given to the pooled module (``batch_size``, ``num_workers``, ``eval_size``,
+``on_error``, ``preprocess``, ``cache_dir``, ``max_side``) apply to every child built from a
+name or mapping, over the child's own config; an entry's ``init_args`` override them in turn.
+A child passed as an ``XBenchDataModule`` instance is used as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from xbench_pl.data.base import DatasetSpec, XBenchDataModule
+from xbench_pl.geometry import Preprocess
+from xbench_pl.registry import create_datamodule, resolve_class
+
+
+class PooledDataModule(XBenchDataModule):
+    """Datasets evaluated together, reported per dataset.
+
+    Args:
+        datasets: the children: registered names, ``{"name": NAME, "init_args": {...}}``,
+            ``{"class_path": PATH, "init_args": {...}}``, or ``XBenchDataModule`` instances.
+        root: parent folder holding one folder per dataset, named as the dataset.
+        batch_size, num_workers, eval_size, on_error, preprocess, cache_dir, max_side: shared
+            by every child built here (see the module docstring).
+    """
+
+    name = "pooled"
+
+    def __init__(
+        self,
+        datasets: list[str | dict[str, Any]],
+        root: str | None = None,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        eval_size: int = 512,
+        on_error: str = "raise",
+        preprocess: Preprocess | None = None,
+        cache_dir: str | None = None,
+        max_side: int | None = None,
+    ):
+        super().__init__(batch_size=batch_size, num_workers=num_workers, eval_size=eval_size, on_error=on_error,
+                         preprocess=preprocess, cache_dir=cache_dir, max_side=max_side)
+        if not datasets:
+            raise ValueError("pooled: give at least one dataset")
+        shared = dict(batch_size=batch_size, num_workers=num_workers, eval_size=eval_size, on_error=on_error,
+                      preprocess=preprocess, cache_dir=cache_dir, max_side=max_side)
+        self.datamodules = [build_child(entry, shared, root) for entry in datasets]
+        names = [child.name for child in self.datamodules]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"pooled: dataset(s) {repeated} given twice; results are keyed by dataset name")
+
+    @property
+    def dataset_specs(self) -> list[DatasetSpec]:
+        return [spec for child in self.datamodules for spec in child.dataset_specs]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.preprocess is None:
+            model = self.trainer.lightning_module if self.trainer is not None else None
+            if model is None or getattr(model, "preprocess", None) is None:
+                raise ValueError("pooled: no preprocess given and no model to take it from")
+            self.preprocess = model.preprocess
+        for child in self.datamodules:
+            child.preprocess = child.preprocess or self.preprocess
+            child.setup(stage)
+        self.problems = [problem for child in self.datamodules for problem in child.problems]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [child.test_dataloader() for child in self.datamodules]
+
+
+def build_child(entry: str | dict[str, Any] | XBenchDataModule, shared: dict[str, Any], root: str | None = None) -> XBenchDataModule:
+    """One child datamodule from a pooled ``datasets`` entry (see ``PooledDataModule``)."""
+    if isinstance(entry, XBenchDataModule):
+        return entry
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if isinstance(entry, dict) and set(entry) <= {"name", "class_path", "init_args"} and ("name" in entry) != ("class_path" in entry):
+        overrides = {**shared, **(entry.get("init_args") or {})}
+        if "name" in entry:
+            name, make = entry["name"], lambda **kw: create_datamodule(entry["name"], **kw)
+        else:
+            cls = resolve_class(entry["class_path"])
+            name, make = getattr(cls, "name", ""), cls
+        if root is not None and "root" not in overrides and name and (Path(root) / name).is_dir():
+            overrides["root"] = str(Path(root) / name)
+        child = make(**overrides)
+        if isinstance(child, XBenchDataModule):
+            return child
+    raise ValueError(f"pooled: a dataset entry must be a registered name, {{'name' or 'class_path', 'init_args'}} "
+                     f"or an XBenchDataModule giving an XBenchDataModule, got {entry!r}")
