@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 
 from xbench_pl.data.regions import Box
@@ -92,3 +93,20 @@ def test_invalid_preprocess_is_rejected():
         Preprocess(resize="letterbox", size=224)
     with pytest.raises(ValueError, match="squash, crop or letterbox"):
         Preprocess(resize="pad")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.resize)
+def test_separable_warp_equals_grid_sample(spec):
+    h, w, e = 90, 130, 48
+    _, affine = spec(np.zeros((h, w), dtype=np.float32))
+    maps = torch.randn(3, 7, 7, generator=torch.Generator().manual_seed(0))
+    ours = warp_to_eval_grid(maps, affine.expand(3, 4), spec.size, torch.tensor([[h, w]]).expand(3, 2), e)
+    xs = (torch.arange(e, dtype=torch.float64) + 0.5) * w / e
+    ys = (torch.arange(e, dtype=torch.float64) + 0.5) * h / e
+    gx = 2 * (affine[0] * xs + affine[2]) / spec.size - 1
+    gy = 2 * (affine[1] * ys + affine[3]) / spec.size - 1
+    grid = torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1).float()[None].expand(3, e, e, 2)
+    reference = F.grid_sample(maps[:, None], grid, mode="bilinear", padding_mode="border", align_corners=False)[:, 0]
+    unseen = (gx.abs() > 1)[None, :] | (gy.abs() > 1)[:, None]
+    reference = torch.where(unseen, maps.flatten(1).amin(1)[:, None, None], reference)
+    assert torch.allclose(ours, reference, atol=1e-5)

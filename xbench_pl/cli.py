@@ -16,14 +16,18 @@ from lightning.pytorch.cli import LightningCLI
 
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
-from xbench_pl.registry import config_dir
+from xbench_pl.registry import config_path
 from xbench_pl.report import build_report, markdown_table, write_report
 
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 
 
 def resolve_names(argv: list[str]) -> list[str]:
-    """Replace ``--model NAME`` / ``--data NAME`` (and ``=NAME``) by the path of NAME's config file."""
+    """Replace ``--model NAME`` / ``--data NAME`` (and ``=NAME``) by the path of NAME's config file.
+
+    A value with a dot or slash is a class path or a file and passes through; any other is a
+    registered name, and an unknown one raises ``KeyError`` listing the available names.
+    """
     kinds = {"--model": "models", "--data": "data"}
     out, i = [], 0
     while i < len(argv):
@@ -31,9 +35,8 @@ def resolve_names(argv: list[str]) -> list[str]:
         flag, eq, value = arg.partition("=")
         if flag in kinds and not eq and i + 1 < len(argv):
             value, i = argv[i + 1], i + 1
-        if flag in kinds and value:
-            path = config_dir(kinds[flag]) / f"{value}.yaml"
-            out += [flag, str(path) if path.is_file() else value]
+        if flag in kinds and value and not value.startswith("{"):
+            out += [flag, value if "." in value or "/" in value else str(config_path(kinds[flag], value))]
         else:
             out.append(arg)
         i += 1
@@ -86,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         from xbench_pl import describe
 
         return describe.main(argv[1:])
-    resolved = resolve_names(argv)
+    try:
+        resolved = resolve_names(argv)
+    except KeyError as error:
+        print(f"error: {error.args[0]}", file=sys.stderr)
+        return 2
     if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
         sys.argv[1:] = resolved
     XBenchCLI(

@@ -110,6 +110,21 @@ def eval_pixel_centres(original_size: torch.Tensor, eval_size: int) -> tuple[tor
     return centres * size[:, 1:2], centres * size[:, 0:1]
 
 
+def _bilinear_weights(coords: torch.Tensor, cells: int, extent: int) -> torch.Tensor:
+    """``[K, E, cells]`` weights that linearly interpolate ``cells`` values spanning ``[0, extent)``
+    at ``coords [K, E]`` (cell centres at ``(i + 0.5) * extent / cells``, clamped at the border)."""
+    k, e = coords.shape
+    if cells == 1:
+        return torch.ones(k, e, 1, dtype=torch.float32, device=coords.device)
+    p = (coords * cells / extent - 0.5).clamp(0, cells - 1)
+    left = p.floor().long().clamp(max=cells - 2)
+    right_weight = (p - left).float()
+    weights = torch.zeros(k, e, cells, dtype=torch.float32, device=coords.device)
+    weights.scatter_(2, left[..., None], (1 - right_weight)[..., None])
+    weights.scatter_add_(2, (left + 1)[..., None], right_weight[..., None])
+    return weights
+
+
 def warp_to_eval_grid(
     maps: torch.Tensor, affine: torch.Tensor, input_size: int, original_size: torch.Tensor, eval_size: int
 ) -> torch.Tensor:
@@ -117,16 +132,17 @@ def warp_to_eval_grid(
 
     maps ``[K, h, w]`` cover the model input ``input_size x input_size``; ``affine [K, 4]``
     and ``original_size [K, 2] (H, W)`` describe each map's image. Returns ``[K, E, E]``:
-    bilinear (align_corners=False) samples at the eval-pixel centres; pixels the model never
-    saw (outside a centre crop) get the map's minimum, so they count as background.
+    bilinear samples (align_corners=False, border-clamped, as ``F.grid_sample``) at the
+    eval-pixel centres; pixels the model never saw (outside a centre crop) get the map's
+    minimum, so they count as background. The affine is axis-aligned, so the resampling is
+    separable: two small matrix products instead of a per-pixel gather.
     """
     xs, ys = eval_pixel_centres(original_size, eval_size)
     sx, sy, tx, ty = affine.to(torch.float64).unbind(-1)
-    gx = 2 * (sx[:, None] * xs + tx[:, None]) / input_size - 1  # [K, E]
-    gy = 2 * (sy[:, None] * ys + ty[:, None]) / input_size - 1
-    k, e = gx.shape
-    grid = torch.stack((gx[:, None, :].expand(k, e, e), gy[:, :, None].expand(k, e, e)), dim=-1)
-    warped = F.grid_sample(maps[:, None].float(), grid.float(), mode="bilinear", padding_mode="border", align_corners=False)[:, 0]
-    unseen = (gx.abs() > 1)[:, None, :] | (gy.abs() > 1)[:, :, None]
+    u, v = sx[:, None] * xs + tx[:, None], sy[:, None] * ys + ty[:, None]  # [K, E] model-input coordinates
+    h, w = maps.shape[-2:]
+    rows, cols = _bilinear_weights(v, h, input_size), _bilinear_weights(u, w, input_size)
+    warped = rows @ maps.float() @ cols.transpose(1, 2)
+    unseen = ((v < 0) | (v > input_size))[:, :, None] | ((u < 0) | (u > input_size))[:, None, :]
     floor = maps.flatten(1).amin(dim=1).float()[:, None, None].expand_as(warped)
     return torch.where(unseen, floor, warped)

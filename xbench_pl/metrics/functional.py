@@ -21,14 +21,17 @@ def default_thresholds(step: float = 0.01, dtype: torch.dtype = torch.float32) -
     return (torch.arange(count + 1, dtype=torch.float64) / count).to(dtype)
 
 
-def check_finite(maps: torch.Tensor, what: str = "saliency maps") -> None:
-    if not torch.isfinite(maps).all():
-        bad = (~torch.isfinite(maps)).flatten(1).any(1).nonzero().flatten().tolist()
-        raise ValueError(f"{what} contain NaN or inf (maps at positions {bad[:10]}{'...' if len(bad) > 10 else ''})")
+def _raise_if_not_finite(per_map: torch.Tensor) -> None:
+    """``per_map``: a reduction of each map that NaN/inf anywhere in the map makes non-finite."""
+    bad = (~torch.isfinite(per_map)).flatten(1).any(1) if per_map.dim() > 1 else ~torch.isfinite(per_map)
+    if bad.any():
+        where = bad.nonzero().flatten().tolist()
+        raise ValueError(f"saliency maps contain NaN or inf (maps at positions {where[:10]}{'...' if len(where) > 10 else ''})")
 
 
 def _range(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     hi, lo = flat.amax(dim=-1, keepdim=True), flat.amin(dim=-1, keepdim=True)
+    _raise_if_not_finite(hi - lo)  # amax/amin propagate NaN; inf makes the span non-finite
     span = hi - lo
     constant = span <= RELATIVE_TOLERANCE * torch.maximum(hi.abs(), lo.abs()).clamp_min(torch.finfo(flat.dtype).tiny)
     return hi, lo, constant
@@ -43,11 +46,10 @@ def normalize_saliency(maps: torch.Tensor, mode: str = "minmax") -> torch.Tensor
     """
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"normalize mode must be one of {NORMALIZE_MODES}, got {mode!r}")
-    check_finite(maps)
-    if mode == "none":
-        return maps
     flat = maps.flatten(-2)
     hi, lo, constant = _range(flat)
+    if mode == "none":
+        return maps
     if mode == "minmax":
         out = torch.where(constant, torch.zeros_like(flat), (flat - lo) / torch.where(constant, torch.ones_like(hi), hi - lo))
     else:
@@ -63,7 +65,6 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     map scores the region's area fraction, i.e. chance. Pairs with an empty region get NaN.
     Invariant to any increasing rescaling of the map, so it is computed on the raw map.
     """
-    check_finite(maps)
     flat, region = maps.flatten(1), masks.flatten(1).bool()
     hi, lo, constant = _range(flat)
     maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
@@ -78,15 +79,16 @@ def dice_iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Te
     thresholds: each pixel's bin (how many thresholds it reaches) is histogrammed per map,
     and suffix sums give |B_t| and |B_t ∩ G|. Pairs with an empty region get NaN.
     """
-    check_finite(maps)
     n, t = maps.shape[0], thresholds.numel()
     flat, region = maps.flatten(1).contiguous(), masks.flatten(1).bool()
+    _raise_if_not_finite(flat.sum(1))
     reached = torch.searchsorted(thresholds.to(flat.dtype).contiguous(), flat, right=True)  # pixel in B_t[k] iff k < reached
-    bins = reached + (torch.arange(n, device=flat.device) * (t + 1))[:, None]
-    hist_all = torch.bincount(bins.flatten(), minlength=n * (t + 1)).view(n, t + 1)
-    hist_in = torch.bincount(bins[region], minlength=n * (t + 1)).view(n, t + 1)
-    predicted = hist_all.flip(1).cumsum(1).flip(1)[:, 1:].double()  # |B_t[k]| = #pixels with reached > k
-    inter = hist_in.flip(1).cumsum(1).flip(1)[:, 1:].double()
+    # one histogram row per (map, inside the region or not): bin = reached + (t + 1) * (2 * map + inside)
+    rows = (2 * torch.arange(n, device=flat.device))[:, None] + region
+    hist = torch.bincount((reached + (t + 1) * rows).flatten(), minlength=2 * n * (t + 1)).view(n, 2, t + 1)
+    suffix = hist.flip(-1).cumsum(-1).flip(-1)[..., 1:].double()  # pixels with reached > k, i.e. in B_t[k]
+    inter = suffix[:, 1]
+    predicted = suffix[:, 0] + inter
     truth = region.sum(1, keepdim=True).double()
     dice = 2 * inter / (predicted + truth)
     iou = inter / (predicted + truth - inter)
