@@ -66,6 +66,18 @@ def test_dice_iou_curve_matches_per_threshold_loop():
         np.testing.assert_allclose(iou[i].numpy(), ref_iou, atol=1e-6)
 
 
+@pytest.mark.parametrize("thresholds", [default_thresholds(), default_thresholds(0.05), torch.tensor([0.1, 0.25, 0.7])])
+def test_thresholds_reached_is_exact_at_and_next_to_every_threshold(thresholds):
+    """The uniform-grid shortcut must agree with comparing m >= t, including values on a step and 1 ulp away."""
+    from xbench_pl.metrics.functional import thresholds_reached
+
+    on = thresholds.clone()
+    above, below = torch.nextafter(on, torch.tensor(2.0)), torch.nextafter(on, torch.tensor(-2.0))
+    values = torch.cat([on, above, below, torch.rand(5000), torch.tensor([-3.0, 0.0, 1.0, 7.5])])[None]
+    expected = (values[..., None] >= thresholds).sum(-1)
+    assert torch.equal(thresholds_reached(values, thresholds).long(), expected)
+
+
 def test_pointing_game_random_maps_hit_iff_argmax_inside():
     maps, masks = random_pairs(n=30, seed=2)
     hits = pointing_game(maps, masks)
