@@ -7,10 +7,9 @@ preprocessing, region rasterisation, batching and exact distributed sampling.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import os
 
 import lightning as L
 import numpy as np
@@ -231,14 +230,19 @@ class XBenchDataModule(L.LightningDataModule):
     def dataset_specs(self) -> list[DatasetSpec]:
         return [DatasetSpec(self.name, self.classes)]
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.test_set is not None:
-            return
+    def resolve_preprocess(self) -> Preprocess:
+        """The preprocessing to apply: as given, else the model under test's own."""
         if self.preprocess is None:
             model = self.trainer.lightning_module if self.trainer is not None else None
             if model is None or getattr(model, "preprocess", None) is None:
                 raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
             self.preprocess = model.preprocess
+        return self.preprocess
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.test_set is not None:
+            return
+        self.resolve_preprocess()
         self.test_set = XBenchDataset(self.name, self.prepare_records(), self.classes, self.preprocess, self.eval_size,
                                       self.images)
 

@@ -81,13 +81,9 @@ class PooledDataModule(XBenchDataModule):
         return [spec for child in self.datamodules for spec in child.dataset_specs]
 
     def setup(self, stage: str | None = None) -> None:
-        if self.preprocess is None:
-            model = self.trainer.lightning_module if self.trainer is not None else None
-            if model is None or getattr(model, "preprocess", None) is None:
-                raise ValueError("pooled: no preprocess given and no model to take it from")
-            self.preprocess = model.preprocess
+        preprocess = self.resolve_preprocess()
         for child in self.datamodules:
-            child.preprocess = child.preprocess or self.preprocess
+            child.preprocess = child.preprocess or preprocess
             child.setup(stage)
         self.problems = [problem for child in self.datamodules for problem in child.problems]
 
