@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import xbench_pl
+import xbench_pl.models.baselines
 from xbench_pl.data.base import collate
 from xbench_pl.models.baselines import demo_image_ids, shipped_box_table
 from xbench_pl.data.nih_bbox import read_box_table
@@ -61,3 +62,12 @@ def test_center_baseline_peaks_in_the_middle_and_beats_nothing_on_scores():
     grid = out.saliency[0, 0]
     peak = torch.nonzero(grid == grid.max())
     assert peak.float().mean(0).tolist() == pytest.approx([31.5, 31.5])
+
+
+def test_a_model_emitting_nan_saliency_is_named_with_the_image():
+    class Broken(xbench_pl.models.baselines.UniformBaseline):
+        def class_map(self, name):
+            return torch.full((2, 2), float("nan")) if name == "Mass" else torch.ones(2, 2)
+
+    with pytest.raises(ValueError, match=r"Broken gave a saliency map with NaN or inf for image '\d+_000.png' of demo, finding 'Mass'"):
+        run(Broken(), xbench_pl.create_datamodule("demo"))

@@ -65,6 +65,11 @@ class ZeroShotModel(L.LightningModule):
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
             raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "
                              f"{tuple(output.saliency.shape)}; expected [{b}, {c}] and [{b}, {c}, h, w]")
+        not_finite = ~torch.isfinite(output.saliency).flatten(2).all(2)
+        if not_finite.any():
+            b, c = not_finite.nonzero()[0].tolist()
+            raise ValueError(f"{type(self).__name__} gave a saliency map with NaN or inf for image "
+                             f"{batch.image_ids[b]!r} of {batch.dataset}, finding {batch.classes[c]!r}")
         if batch.dataset not in self.benchmark:
             self.add_dataset(batch.dataset, batch.classes)
         sample, cls = batch.region_index.unbind(1)
