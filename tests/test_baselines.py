@@ -7,6 +7,7 @@ import torch
 import xbench_pl
 import xbench_pl.models.baselines
 from xbench_pl.data.base import collate
+from xbench_pl.data.io import DataError
 from xbench_pl.models.baselines import demo_image_ids, shipped_box_table
 from xbench_pl.data.nih_bbox import read_box_table
 
@@ -71,3 +72,10 @@ def test_a_model_emitting_nan_saliency_is_named_with_the_image():
 
     with pytest.raises(ValueError, match=r"Broken gave a saliency map with NaN or inf for image '\d+_000.png' of demo, finding 'Mass'"):
         run(Broken(), xbench_pl.create_datamodule("demo"))
+
+
+def test_location_prior_names_the_file_and_row_of_a_malformed_box(tmp_path):
+    table = tmp_path / "boxes.csv"
+    table.write_text("Image Index,Finding Label,Bbox [x,y,w,h],,,\na.png,Nodule,0,0,512,512\nb.png,Nodule,10,10,abc,5\n")
+    with pytest.raises(DataError, match=r"boxes.csv, row 3: box xywh .* is not numeric"):
+        xbench_pl.create_model("location_prior", table=str(table), exclude=[])

@@ -34,7 +34,7 @@ def test_affine_tracks_a_marker_block(spec, shape):
     assert ys.float().mean().item() + 0.5 == pytest.approx(sy * (y0 + 8) + ty, abs=0.6)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES + [(880, 1760), (1760, 880)])  # 880x1760: int(224 * 2.0) vs int(1760 * 224/880) differ
 def test_crop_geometry_equals_torchvision_resize_and_centre_crop(shape):
     spec = Preprocess(resize="crop", size=64)
     image = np.random.default_rng(0).random(shape, dtype=np.float32)

@@ -68,8 +68,8 @@ class Preprocess:
         if self.resize == "squash":
             new_h, new_w = size, size
         elif self.resize == "crop":
-            scale = size / min(height, width)
-            new_h, new_w = (size, int(width * scale)) if height <= width else (int(height * scale), size)
+            long = int(size * max(height, width) / min(height, width))  # torchvision's arithmetic, to the pixel
+            new_h, new_w = (size, long) if height <= width else (long, size)
         else:
             scale = self.canvas / max(height, width)
             new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))

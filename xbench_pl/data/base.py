@@ -15,8 +15,7 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
@@ -60,6 +59,9 @@ class Batch:
     on the eval grid that uniformly covers the original image; region_index ``[K, 2]``
     gives each pair's (sample, class) index.
     index ``[B]``: position of each sample in its dataset.
+    counted ``[B]`` bool: False only for the stand-in sample a DDP rank without data of its own
+    processes so that it takes part in the metric sync (``EvalDistributedSampler``); models
+    compute it, metrics never count it.
     """
 
     images: torch.Tensor
@@ -72,6 +74,7 @@ class Batch:
     region_masks: torch.Tensor
     region_index: torch.Tensor
     index: torch.Tensor
+    counted: torch.Tensor
 
     @property
     def dataset(self) -> str:
@@ -94,6 +97,8 @@ class XBenchDataset(Dataset):
         return self.images(record.path)
 
     def __getitem__(self, index: int) -> dict:
+        if index < 0:  # ~i: a stand-in copy of sample i, never counted (see EvalDistributedSampler)
+            return {**self[~index], "counted": False}
         record = self.records[index]
         image, (height, width) = self.read(record)
         pixels, affine = self.preprocess(image)
@@ -120,6 +125,7 @@ class XBenchDataset(Dataset):
             "region_class": torch.tensor(region_class, dtype=torch.long),
             "index": index,
             "classes": self.classes,
+            "counted": True,
         }
 
 
@@ -138,6 +144,7 @@ def collate(samples: list[dict]) -> Batch:
         region_masks=torch.cat([s["region_masks"] for s in samples]),
         region_index=torch.cat(region_index),
         index=torch.tensor([s["index"] for s in samples]),
+        counted=torch.tensor([s["counted"] for s in samples]),
     )
 
 
@@ -231,20 +238,24 @@ class XBenchDataModule(L.LightningDataModule):
         return [DatasetSpec(self.name, self.classes)]
 
     def resolve_preprocess(self) -> Preprocess:
-        """The preprocessing to apply: as given, else the model under test's own."""
-        if self.preprocess is None:
-            model = self.trainer.lightning_module if self.trainer is not None else None
-            if model is None or getattr(model, "preprocess", None) is None:
-                raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
-            self.preprocess = model.preprocess
-        return self.preprocess
+        """The preprocessing to apply: as given, else that of the model under test (looked up anew
+        at every setup, so one datamodule can serve several models in turn)."""
+        if self.preprocess is not None:
+            return self.preprocess
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if model is None or getattr(model, "preprocess", None) is None:
+            raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
+        return model.preprocess
 
     def setup(self, stage: str | None = None) -> None:
-        if self.test_set is not None:
+        self.build_test_set(self.resolve_preprocess())
+
+    def build_test_set(self, preprocess: Preprocess) -> None:
+        """The evaluated set for ``preprocess``; records are read and checked once, on first use."""
+        if self.test_set is not None and self.test_set.preprocess == preprocess:
             return
-        self.resolve_preprocess()
-        self.test_set = XBenchDataset(self.name, self.prepare_records(), self.classes, self.preprocess, self.eval_size,
-                                      self.images)
+        records = self.test_set.records if self.test_set is not None else self.prepare_records()
+        self.test_set = XBenchDataset(self.name, records, self.classes, preprocess, self.eval_size, self.images)
 
     def prepare_records(self) -> list[Record]:
         """Load, split and check the records to evaluate; ``problems`` lists what was wrong."""
@@ -313,9 +324,8 @@ class XBenchDataModule(L.LightningDataModule):
         return self.make_loader(self.test_set)
 
     def make_loader(self, dataset: XBenchDataset) -> DataLoader:
-        # Lightning's own distributed sampler pads with duplicates; a benchmark must see each image once.
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        sampler = UnrepeatedDistributedSampler(dataset, shuffle=False) if distributed else None
+        sampler = EvalDistributedSampler(dataset) if distributed else None
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -325,6 +335,26 @@ class XBenchDataModule(L.LightningDataModule):
             collate_fn=collate,
             persistent_workers=False,
         )
+
+
+class EvalDistributedSampler(DistributedSampler):
+    """Rank r of W takes samples r, r + W, r + 2W, ...: every sample exactly once, none padded in.
+
+    Lightning's (and torch's) distributed samplers pad uneven data with duplicates, which
+    would count some images twice. A rank left with no sample (fewer images than ranks) gets
+    one stand-in, ``~0``: the dataset returns sample 0 marked ``counted=False``, which models
+    compute and metrics skip; without it Lightning would skip that rank's test loop and the
+    other ranks would wait forever in the metric sync. A ``DistributedSampler`` subclass, so
+    Lightning keeps it instead of injecting its own.
+    """
+
+    def __init__(self, dataset: Dataset):
+        super().__init__(dataset, shuffle=False, drop_last=False)
+        self.indices = list(range(self.rank, len(dataset), self.num_replicas)) or [~0]
+        self.num_samples = self.total_size = len(self.indices)
+
+    def __iter__(self):
+        return iter(self.indices)
 
 
 class _ImageProbe(Dataset):

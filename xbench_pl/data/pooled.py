@@ -83,8 +83,7 @@ class PooledDataModule(XBenchDataModule):
     def setup(self, stage: str | None = None) -> None:
         preprocess = self.resolve_preprocess()
         for child in self.datamodules:
-            child.preprocess = child.preprocess or preprocess
-            child.setup(stage)
+            child.build_test_set(child.preprocess or preprocess)
         self.problems = [problem for child in self.datamodules for problem in child.problems]
 
     def test_dataloader(self) -> list[DataLoader]:

@@ -46,12 +46,22 @@ class Recognition(Metric):
         self.metrics = _collection(num_classes, threshold)
         self.add_state("positives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("negatives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self._prime()
+
+    def _prime(self) -> None:
+        """Give the torchmetrics curves one empty batch of the right dtype and shape: a DDP rank
+        that sees no sample then syncs ``[0, C]`` like the others, not a bare 1-D placeholder."""
+        scores, labels = torch.zeros(0, self.num_classes), torch.zeros(0, self.num_classes, dtype=torch.long)
+        for name in ("auroc", "auprc"):  # the list-state metrics; F1 and accuracy keep sums
+            self.metrics[name].update(*((scores[:, 0], labels[:, 0]) if self.num_classes == 1 else (scores, labels)))
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
         if scores.shape != labels.shape or scores.dim() != 2 or scores.shape[1] != self.num_classes:
             raise ValueError(f"expected scores and labels [B, {self.num_classes}], got {tuple(scores.shape)} and {tuple(labels.shape)}")
-        if not torch.isfinite(scores).all() or scores.min() < 0 or scores.max() > 1:
+        if not ((scores >= 0) & (scores <= 1)).all():  # NaN fails both comparisons
             raise ValueError("recognition scores must be finite probabilities in [0, 1]")
+        if scores.shape[0] == 0:
+            return
         labels = labels.long()
         self.positives = self.positives + labels.sum(0)
         self.negatives = self.negatives + (1 - labels).sum(0)
@@ -73,3 +83,4 @@ class Recognition(Metric):
     def reset(self) -> None:
         super().reset()
         self.metrics.reset()
+        self._prime()

@@ -44,6 +44,8 @@ class ZeroShotModel(L.LightningModule):
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
         self.benchmark = nn.ModuleDict()
         self.results: dict[str, dict] = {}
+        # with fewer images than ranks some rank has nothing to test: fine, its metrics still sync
+        self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         raise NotImplementedError
@@ -72,10 +74,14 @@ class ZeroShotModel(L.LightningModule):
                              f"{batch.image_ids[b]!r} of {batch.dataset}, finding {batch.classes[c]!r}")
         if batch.dataset not in self.benchmark:
             self.add_dataset(batch.dataset, batch.classes)
-        sample, cls = batch.region_index.unbind(1)
-        maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], self.preprocess.size,
+        counted = batch.counted  # stand-in samples of an otherwise idle DDP rank are computed, never counted
+        counted_pairs = counted[batch.region_index[:, 0]]
+        sample, cls = batch.region_index[counted_pairs].unbind(1)
+        # the native map spans the input the model was given: take its size from the batch itself
+        maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
                                  batch.original_size[sample], batch.region_masks.shape[-1])
-        self.benchmark[batch.dataset].update(output.scores, batch.labels, maps, batch.region_masks, cls)
+        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps,
+                                             batch.region_masks[counted_pairs], cls)
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}

@@ -13,8 +13,9 @@ from importlib import resources
 import numpy as np
 import torch
 
+from xbench_pl.data.annotations import parse_box
+from xbench_pl.data.io import DataError
 from xbench_pl.data.nih_bbox import read_box_table
-from xbench_pl.data.regions import Box
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
@@ -80,14 +81,18 @@ class LocationPriorBaseline(MapBaseline):
 
     def __init__(self, table: str | None = None, exclude: list[str] | None = None, image_size: int = 1024, grid: int = 64, **kwargs):
         super().__init__(**kwargs)
-        boxes = read_box_table(table or shipped_box_table())
+        table = table or shipped_box_table()
+        boxes = read_box_table(table)
         excluded = set(demo_image_ids() if exclude is None else exclude)
         boxes = boxes[~boxes["image_id"].isin(excluded)]
         occupancy: dict[tuple[str, str], np.ndarray] = {}
         for row in boxes.itertuples(index=False):
-            x, y, w, h = (float(v) for v in (row.x, row.y, row.w, row.h))
-            key = (canonical(row.finding), row.image_id)
-            mask = Box(x, y, x + w, y + h).rasterize(image_size, image_size, grid)
+            try:
+                key = (canonical(row.finding), row.image_id)
+                box = parse_box((row.x, row.y, row.w, row.h), "xywh")
+            except (KeyError, ValueError) as error:
+                raise DataError(table, str(error).strip('"'), row=row.row) from None
+            mask = box.rasterize(image_size, image_size, grid)
             occupancy[key] = occupancy.get(key, np.zeros_like(mask)) | mask
         per_class: dict[str, list[np.ndarray]] = {}
         for (finding, _), mask in occupancy.items():
