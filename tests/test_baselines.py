@@ -79,3 +79,14 @@ def test_location_prior_names_the_file_and_row_of_a_malformed_box(tmp_path):
     table.write_text("Image Index,Finding Label,Bbox [x,y,w,h],,,\na.png,Nodule,0,0,512,512\nb.png,Nodule,10,10,abc,5\n")
     with pytest.raises(DataError, match=r"boxes.csv, row 3: box xywh .* is not numeric"):
         xbench_pl.create_model("location_prior", table=str(table), exclude=[])
+
+
+def test_one_datamodule_serves_models_with_different_preprocessing():
+    from fixture_models import IntensityModel
+
+    shared = xbench_pl.create_datamodule("demo")
+    run(xbench_pl.create_model("uniform"), shared)
+    assert shared.test_set.preprocess.size == 32
+    second = run(IntensityModel(), shared)["demo"]
+    assert shared.test_set.preprocess == IntensityModel().preprocess
+    assert second == run(IntensityModel(), xbench_pl.create_datamodule("demo"))["demo"]
