@@ -103,6 +103,15 @@ def test_bad_entries_name_file_and_entry(tmp_path, bad, reason):
     assert first.regions == {"Mass": [Box(1, 1, 6, 6)]}
 
 
+def test_malformed_box_drops_the_box_but_keeps_its_finding_positive(tmp_path):
+    write_det10(tmp_path, [GOOD, {"file_name": "2.png", "syms": ["Mass", "Nodule"], "boxes": [[1, 1, "x", 5], [2, 2, 6, 6]]}])
+    dm = ready(ChestXDet10DataModule(root=str(tmp_path), on_error="skip"))
+    second = next(r for r in dm.test_set.records if r.image_id == "2.png")
+    assert second.labels == {"Mass": 1, "Nodule": 1} and second.regions == {"Nodule": [Box(2, 2, 7, 7)]}
+    ((row, reason),) = [(p.row, p.reason) for p in dm.problems]
+    assert row == "2 (2.png)" and reason.startswith("Mass box 0") and "label kept" in reason
+
+
 def test_exact_duplicate_entry_and_clipping_are_recorded(tmp_path):
     clipped = {"file_name": "3.png", "syms": ["Fracture"], "boxes": [[50, 60, 70, 63]]}
     write_det10(tmp_path, [GOOD, clipped, GOOD])

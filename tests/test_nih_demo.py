@@ -169,6 +169,14 @@ def test_bad_rows_name_file_and_row(tmp_path, row, reason):
     assert "row 3" in str(dm.problems[0])
 
 
+def test_malformed_box_drops_the_box_but_keeps_its_finding_positive(tmp_path):
+    write_nih(tmp_path, ["a.png,Nodule,1,1,4,4", "b.png,Mass,1,2,nan,10"], {"a.png": "images", "b.png": "images"})
+    dm = ready(NIHBoxDataModule(root=str(tmp_path), on_error="skip"))
+    (record,) = [r for r in dm.test_set.records if r.image_id == "b.png"]
+    assert record.labels == {"Mass": 1} and not record.regions.get("Mass")
+    assert [(p.row, p.action) for p in dm.problems] == [("3", "skipped")] and "label kept" in dm.problems[0].reason
+
+
 def test_boxes_clipped_and_duplicates_dropped_are_counted(tmp_path):
     write_nih(tmp_path, ["a.png,Mass,-5,40,20,20", "a.png,Nodule,1,1,4,4", "a.png,Nodule,1,1,4,4"], {"a.png": "images"})
     dm = ready(NIHBoxDataModule(root=str(tmp_path)))  # corrections, not errors: recorded even when raising

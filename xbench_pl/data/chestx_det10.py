@@ -21,7 +21,7 @@ Bad input: the JSON not being a list of such entries is a ``DataError``. An entr
 ``file_name``/``syms``/``boxes``, with lists of different lengths, an unknown finding or a
 malformed box (not 4 numbers, NaN, x2 < x1) is an error naming the file and entry (``row``:
 1-based entry number and file name), or a counted skip with ``on_error='skip'`` (a bad box
-drops only itself). A file name listed twice is a duplicate (dropped and recorded) when the
+drops only itself: its finding, being listed in ``syms``, stays positive). A file name listed twice is a duplicate (dropped and recorded) when the
 entries are equal, else an error. Boxes reaching outside the image are clipped at setup.
 """
 
@@ -80,12 +80,12 @@ class ChestXDet10DataModule(XBenchDataModule):
             first[name] = (number, entry)
             record = records[name] = Record(name, images.get(name, default=image_folder), {}, {}, f"{path}, row {row}")
             for index, (finding, box) in enumerate(zip(findings, boxes)):
+                record.labels[finding] = 1  # listed in syms: positive whether or not its box parses
                 try:
                     box = parse_box(box, "xyxy_inclusive")
                 except (ValueError, TypeError) as error:
-                    self.report(DataError(path, f"{finding} box {index}: {error}", row=row))
+                    self.report(DataError(path, f"{finding} box {index}: {error}; box dropped, label kept", row=row))
                     continue
-                record.labels[finding] = 1
                 record.add_region(finding, box, path, row)
         return list(records.values())
 

@@ -21,7 +21,8 @@ Mass 85, Nodule 79); ``split_file`` restricts it.
 
 Bad input: a malformed row (missing or non-numeric value, NaN, non-positive size) or an
 unknown finding name is an error naming file and row (or a counted skip with
-``on_error='skip'``); so is a missing or undecodable image, found by the setup image check. A
+``on_error='skip'``: a row whose image and finding are valid but whose box is malformed
+keeps the image positive for the finding and drops only the box); so is a missing or undecodable image, found by the setup image check. A
 box reaching outside its image is clipped to it (entirely outside: an error), and an exact
 duplicate row is dropped; both corrections are always recorded in ``problems``, never raised.
 """
@@ -99,7 +100,6 @@ class NIHBoxDataModule(XBenchDataModule):
                 if not row.image_id:
                     raise ValueError("empty Image Index")
                 finding = canonical(row.finding, self.name)
-                box = parse_box((row.x, row.y, row.w, row.h), "xywh")
             except (KeyError, ValueError) as error:
                 self.report(DataError(table_path, str(error).strip('"'), row=row.row))
                 continue
@@ -107,7 +107,12 @@ class NIHBoxDataModule(XBenchDataModule):
             if record is None:
                 path = images.get(row.image_id, default=root / "images")
                 record = records[row.image_id] = Record(row.image_id, path, {}, {}, f"{table_path}, row {row.row}")
-            record.labels[finding] = 1
+            record.labels[finding] = 1  # the row names the finding: positive whether or not its box parses
+            try:
+                box = parse_box((row.x, row.y, row.w, row.h), "xywh")
+            except ValueError as error:
+                self.report(DataError(table_path, f"{finding} {error}; box dropped, label kept", row=row.row))
+                continue
             record.add_region(finding, box, table_path, row.row)
         entries = self.read_entries(root)
         if entries is not None:
