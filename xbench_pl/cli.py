@@ -53,6 +53,10 @@ class XBenchCLI(LightningCLI):
         self.model_name = model_name  # the name the user asked for, as reports should show it
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"test": {"model", "dataloaders", "datamodule"}}  # zero-shot benchmarking: nothing to fit
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
 
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         model_name=option_value(argv, "--model"),
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_callback=None,
+        parser_kwargs={"prog": "python -m xbench_pl", "description": "Zero-shot recognition and grounding benchmark "
+                       "of chest X-ray VLMs (xbench_pl). Also: python -m xbench_pl describe --data NAME ..."},
         auto_configure_optimizers=False,
     )
     return 0
