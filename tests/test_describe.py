@@ -50,3 +50,19 @@ def test_describe_bad_arguments(capsys):
     assert run(capsys, [])[0] == 2
     code, _, err = run(capsys, ["--data", "no_such_dataset"])
     assert code == 2 and "no_such_dataset" in err and "demo" in err
+
+
+def test_describe_pooled_describes_each_dataset(tmp_path, capsys):
+    root = make_rsna(tmp_path / "rsna", labels=RSNA_LABELS + "pos,NaN,1,2,3,1\n")
+    datasets = json.dumps(["demo", {"name": "rsna_pneumonia", "init_args": {"root": str(root)}}])
+    code, out, _ = run(capsys, ["--data", "pooled", "--data.datasets", datasets, "--json"])
+    summary = json.loads(out)["datasets"]
+    assert code == 0 and list(summary) == ["demo", "rsna_pneumonia"]
+    assert summary["demo"]["images"] == 12 and summary["demo"]["problems"] == []
+    assert summary["rsna_pneumonia"]["images"] == 2 and [p["row"] for p in summary["rsna_pneumonia"]["problems"]] == ["5"]
+    code, text, _ = run(capsys, ["--data", "pooled", "--data.datasets", datasets])
+    assert code == 0 and text.startswith("demo: 12 images") and "\n\nrsna_pneumonia: 2 images" in text
+    # a dataset that cannot be read is named; the others are still described
+    with_broken = json.dumps(["demo", "chestx_det10"])
+    code, out, err = run(capsys, ["--data", "pooled", "--data.datasets", with_broken, "--json"])
+    assert code == 1 and list(json.loads(out)["datasets"]) == ["demo"] and "chestx_det10: " in err and "root not set" in err

@@ -6,6 +6,11 @@ polygons, mask rows), then every problem found. ``describe`` collects all proble
 than stopping at the first (``--data.on_error skip`` is its default; pass ``raise`` to stop).
 ``--json`` prints ``{"images": N, "classes": {CLASS: {"images", "positives", "regions"}},
 "problems": [{"file", "row", "reason", "action"}, ...]}``.
+
+``--data pooled`` describes each pooled dataset in turn (one such summary per dataset; with
+``--json``: ``{"datasets": {NAME: summary, ...}}``). A dataset that cannot be read at all (no
+root, missing table) is named on stderr and the others are still described; the exit status
+is then 1.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, Problem
+from xbench_pl.data.pooled import PooledDataModule
 from xbench_pl.registry import available, config_path, resolve_class
 
 
@@ -79,14 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     datamodule_class = resolve_class(config["class_path"])
     args = build_parser(datamodule_class, config.get("init_args") or {}).parse_args(rest)
     datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())
-    try:
-        records = datamodule.prepare_records()
-    except DataError as error:
-        print(f"describe: {error}", file=sys.stderr)
-        return 1
-    summary = summarize(records, datamodule.classes, datamodule.problems)
-    print(json.dumps(summary, indent=2) if args.json else format_summary(datamodule.name, summary))
-    return 0
+    pooled = isinstance(datamodule, PooledDataModule)
+    summaries, failed = {}, False
+    for child in datamodule.datamodules if pooled else [datamodule]:
+        try:
+            records = child.prepare_records()
+        except DataError as error:
+            print(f"describe: {child.name + ': ' if pooled else ''}{error}", file=sys.stderr)
+            failed = True
+            continue
+        summaries[child.name] = summarize(records, child.classes, child.problems)
+    if args.json and (pooled or summaries):
+        print(json.dumps({"datasets": summaries} if pooled else summaries[datamodule.name], indent=2))
+    elif summaries:
+        print("\n\n".join(format_summary(name, summary) for name, summary in summaries.items()))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
