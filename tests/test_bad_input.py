@@ -79,7 +79,8 @@ def test_truncated_png_in_a_dataset_is_skipped_and_counted(tmp_path):
     dm = datamodule("nih_bbox", root, "skip")
     seen = images_seen(dm)
     assert len(seen) == 11 and victim.name not in seen
-    assert [p.file for p in dm.problems] == [str(victim)]
+    # (at eval_size 8 an eval pixel spans 64 original pixels: small boxes are also reported, as empty_on_grid)
+    assert [p.file for p in dm.problems if p.action != "empty_on_grid"] == [str(victim)]
 
 
 def test_malformed_rows(tmp_path):

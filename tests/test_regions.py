@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from xbench_pl.data.annotations import ImageIndex, checked_box, parse_box, parse_polygon
+from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError
 from xbench_pl.data.regions import Box, Mask, Polygon, rasterize_union
 
@@ -14,7 +15,8 @@ def test_box_is_half_open_and_sampled_at_eval_pixel_centres():
     # non-square image: the eval grid stretches each axis on its own (H = 2 rows, W = 4 columns)
     wide = Box(0, 0, 2, 1).rasterize(2, 4, 4)
     assert wide.tolist() == [[True, True, False, False]] * 2 + [[False] * 4] * 2
-    # a box narrower than an eval pixel that misses every centre is empty on the grid
+    # a box narrower than an eval pixel that misses every centre is empty on the grid (at setup,
+    # fit_regions reports and drops such a region: see test_regions_empty_on_the_grid_are_reported)
     assert not Box(0.6, 0.6, 0.9, 0.9).rasterize(4, 4, 4).any()
 
 
@@ -86,3 +88,34 @@ def test_image_index(tmp_path):
     with pytest.raises(DataError, match="ambiguous"):
         index.get("same.png")
     assert ImageIndex(tmp_path, "**/*.png", key=lambda p: p.parent.name + p.stem).get("bsame") == tmp_path / "b" / "same.png"
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_regions_empty_on_the_grid_are_reported(on_error):
+    # 96 x 128 image on an 8 x 8 eval grid: an eval pixel spans 16 x 12 original pixels
+    dm = XBenchDataModule(eval_size=8, on_error=on_error)
+    one_pixel = np.zeros((96, 128), bool)
+    one_pixel[1, 1] = True
+    regions = {
+        "Mass": [Box(1, 1, 3, 3), Box(0, 0, 20, 20)],  # too small / covers the centre (8, 6)
+        "Nodule": [Polygon(((1, 1), (2, 1), (2, 2)))],  # too small
+        "Effusion": [Polygon(((-40, 10), (60, 10), (60, 60))), Polygon(((200, 20), (220, 20), (220, 40)))],  # cut / outside
+        "Edema": [Mask(one_pixel)],  # too small
+    }
+    record = Record("a", None, {}, regions={k: list(v) for k, v in regions.items()})
+    for finding, found in regions.items():
+        record.region_sources[finding] = [("ann.csv", row) for row in range(len(found))]
+    dm.fit_regions(record, 96, 128)
+    assert record.regions == {"Mass": [Box(0, 0, 20, 20)], "Nodule": [], "Effusion": [regions["Effusion"][0]], "Edema": []}
+    problems = {(p.reason.split()[0], p.row, p.action): p.reason for p in dm.problems}
+    assert set(problems) == {("Mass", "0", "empty_on_grid"), ("Nodule", "0", "empty_on_grid"), ("Edema", "0", "empty_on_grid"),
+                             ("Effusion", "0", "clipped"), ("Effusion", "1", "empty_on_grid")}
+    for key in [("Mass", "0", "empty_on_grid"), ("Nodule", "0", "empty_on_grid"), ("Edema", "0", "empty_on_grid")]:
+        assert "smaller than one pixel of the 8x8 eval grid" in problems[key] and "--data.eval_size" in problems[key]
+    assert "covers no pixel of the 128x96 image" in problems[("Effusion", "1", "empty_on_grid")]
+    assert "1 point(s) outside (first: (-40, 10))" in problems[("Effusion", "0", "clipped")]
+    # a finer grid keeps the small ones
+    fine = XBenchDataModule(eval_size=128)
+    record = Record("a", None, {}, regions={"Mass": [Box(1, 1, 3, 3)], "Edema": [Mask(one_pixel)]})
+    fine.fit_regions(record, 96, 128)
+    assert len(record.regions["Mass"]) == len(record.regions["Edema"]) == 1 and fine.problems == []

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
 from xbench_pl.data.io import DataError, Problem, read_image_size
-from xbench_pl.data.regions import Box, Region, rasterize_union
+from xbench_pl.data.regions import Box, Polygon, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
 
 
@@ -179,7 +179,8 @@ class XBenchDataModule(L.LightningDataModule):
     single source of what a run reports. Setup checks every image once, in parallel over
     ``num_workers``: its size (header only), or with ``on_error="skip"`` or a cache a full
     decode, so that an undecodable image is dropped and counted before testing (with a cache,
-    that pass fills it). Boxes reaching outside their image are clipped and reported.
+    that pass fills it). Regions are then fitted to their image and to the eval grid
+    (``fit_regions``): clipped regions are reported, regions empty on the grid dropped and reported.
     """
 
     name: str = ""
@@ -283,28 +284,44 @@ class XBenchDataModule(L.LightningDataModule):
         return kept
 
     def fit_regions(self, record: Record, height: int, width: int) -> None:
-        """Clip boxes to the image (reported, action ``clipped``); drop regions that do not fit."""
+        """Fit each region to its image and to the eval grid; every change is reported.
+
+        A box reaching outside the image is clipped to it, and a polygon with a point outside
+        the image extent ``[0, W] x [0, H]`` keeps its points (its fill is cut at the image
+        edge, exactly the polygon's intersection with the image): both are kept and reported
+        (action ``clipped``). A region that covers no eval-pixel centre (smaller than one eval
+        pixel, or a polygon outside the image) would silently count as no region: it is
+        dropped and reported (action ``empty_on_grid``). Both actions are recorded in either
+        ``on_error`` mode. A region that cannot fit (a box wholly outside, a mask of another
+        size) is a bad input (action ``skipped``).
+        """
         for finding, regions in record.regions.items():
             sources = record.region_sources.get(finding) or [(record.source, None)] * len(regions)
             kept = []
             for region, (file, row) in zip(regions, sources):
                 try:
-                    if isinstance(region, Box):
-                        region = self.clip_box(region, height, width, finding, file, row)
-                    else:
-                        region.rasterize(height, width, 1)
-                    kept.append(region)
+                    fitted, clipped = fit_region(region, height, width)
+                    if not fitted.rasterize(height, width, self.eval_size).any():
+                        self.report(DataError(file, f"{finding} {_describe(region)} {self.why_empty(fitted, height, width)}; "
+                                                    "dropped", row=row, action="empty_on_grid"))
+                        continue
                 except ValueError as error:
                     self.report(DataError(file, f"{finding} region does not fit the {width}x{height} image of "
                                                 f"{record.image_id}: {error}", row=row))
+                    continue
+                if clipped:
+                    self.report(DataError(file, f"{finding} {_describe(region)} extends outside the {width}x{height} "
+                                                f"image: {clipped}", row=row, action="clipped"))
+                kept.append(fitted)
             record.regions[finding] = kept
 
-    def clip_box(self, box: Box, height: int, width: int, finding: str, file: str, row: int | None) -> Box:
-        clipped, changed = checked_box(box.x0, box.y0, box.x1, box.y1, height, width)
-        if changed:
-            self.report(DataError(file, f"{finding} box {_xyxy(box)} extends outside the {width}x{height} image: "
-                                        f"clipped to {_xyxy(clipped)}", row=row, action="clipped"))
-        return clipped
+    def why_empty(self, region: Region, height: int, width: int) -> str:
+        """Why ``region`` covers no eval-pixel centre: outside the image, or too small for the grid."""
+        if not isinstance(region, Box) and not region.rasterize(height, width, max(height, width)).any():
+            return f"covers no pixel of the {width}x{height} image (it lies outside it)"
+        size = self.eval_size
+        return (f"is smaller than one pixel of the {size}x{size} eval grid ({width / size:.3g} x {height / size:.3g} "
+                f"original pixels) and covers no eval-pixel centre; a larger --data.eval_size keeps it")
 
     def apply_split(self, records: list[Record]) -> list[Record]:
         if self.split_file is None:
@@ -376,6 +393,29 @@ class _ImageProbe(Dataset):
 
 def _identity(sample):
     return sample
+
+
+def fit_region(region: Region, height: int, width: int) -> tuple[Region, str]:
+    """``region`` fitted to the ``width x height`` image, and what clipping did to it (``""``: nothing).
+
+    ``ValueError`` if it cannot fit (a box wholly outside, a mask of another size).
+    """
+    if isinstance(region, Box):
+        box, changed = checked_box(region.x0, region.y0, region.x1, region.y1, height, width)
+        return box, f"clipped to {_xyxy(box)}" if changed else ""
+    if isinstance(region, Polygon):
+        outside = [(x, y) for x, y in region.points if not (0 <= x <= width and 0 <= y <= height)]
+        return region, (f"{len(outside)} point(s) outside (first: ({outside[0][0]:g}, {outside[0][1]:g})); "
+                        "its fill is cut at the image edge") if outside else ""
+    return region, ""
+
+
+def _describe(region: Region) -> str:
+    if isinstance(region, Box):
+        return f"box {_xyxy(region)}"
+    if isinstance(region, Polygon):
+        return f"polygon of {len(region.points)} points"
+    return "mask"
 
 
 def _xyxy(box: Box) -> str:

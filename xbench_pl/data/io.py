@@ -34,8 +34,10 @@ class Problem:
     ``row`` is the 1-based line of the annotation file (the header is line 1), or ``None``
     for a whole file; ``action`` says what was done about it: ``"skipped"`` (the row, region
     or image was left out; an error unless ``on_error="skip"``), or a correction recorded in
-    either mode: ``"clipped"`` (a box was cut to its image and kept), ``"deduplicated"`` (an
-    exact repeat of an earlier row was dropped).
+    either mode: ``"clipped"`` (a box or polygon reaching outside its image was cut to it and
+    kept), ``"deduplicated"`` (an exact repeat of an earlier row was dropped), ``"empty_on_grid"``
+    (a region covering no eval-grid pixel centre, smaller than one eval pixel or outside its
+    image, was dropped; a larger ``eval_size`` keeps a small one).
     """
 
     file: str
