@@ -3,6 +3,8 @@ corrections (clipped boxes, duplicate rows) are always recorded. Never a silent 
 
 from __future__ import annotations
 
+import pickle
+import re
 import shutil
 from importlib import resources
 
@@ -159,3 +161,17 @@ def test_bad_run_length_rows(tmp_path):
     assert len(dm.test_set.records[0].regions["Pneumothorax"]) == 2
     with pytest.raises(DataError, match="row 5"):
         datamodule("siim_pneumothorax", root).setup()
+
+
+def test_data_error_pickles_and_survives_dataloader_workers(tmp_path):
+    error = DataError(tmp_path / "a.png", "cannot decode image", row=7, action="skipped")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is DataError and str(again) == str(error) and again.problem == error.problem
+    root = tmp_path / "demo"
+    shutil.copytree(resources.files("xbench_pl.data") / "assets" / "demo", root)
+    victim = sorted((root / "images").glob("*.png"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # header intact: passes setup in raise mode
+    dm = create_datamodule("nih_bbox", root=str(root), preprocess=PRE, eval_size=8, num_workers=1, batch_size=12)
+    dm.setup()
+    with pytest.raises(DataError, match=f"(?s)DataLoader worker.*{re.escape(str(victim))}: cannot decode image"):
+        next(iter(dm.test_dataloader()))

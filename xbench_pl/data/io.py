@@ -20,11 +20,25 @@ from PIL import Image, UnidentifiedImageError
 
 
 class DataError(ValueError):
-    """Bad input: the message names the file (and row) and says what is wrong."""
+    """Bad input: the message names the file (and row) and says what is wrong.
 
-    def __init__(self, file: str | Path, reason: str, row: int | str | None = None, action: str = "skipped"):
-        self.problem = Problem(str(file), None if row is None else str(row), reason, action)
-        super().__init__(str(self.problem))
+    Picklable (``__reduce__``). ``DataError(message)`` alone is how torch re-raises an error
+    from a DataLoader worker: the message is the worker's traceback, which ends in the
+    original message naming the file; ``problem`` then holds it as its reason.
+    """
+
+    def __init__(self, file: str | Path, reason: str | None = None, row: int | str | None = None, action: str = "skipped"):
+        row = None if row is None else str(row)
+        self.arguments = (str(file), reason, row, action)
+        if reason is None:
+            self.problem = Problem("", None, str(file), action)
+            super().__init__(str(file))
+        else:
+            self.problem = Problem(str(file), row, reason, action)
+            super().__init__(str(self.problem))
+
+    def __reduce__(self):
+        return type(self), self.arguments
 
 
 @dataclass(frozen=True)
