@@ -67,9 +67,11 @@ def test_rle_lossless_equals_uncompressed(tmp_path):
     np.testing.assert_array_equal(read_dicom(packed), read_dicom(plain))
 
 
-def test_constant_image_is_zero(tmp_path):
+def test_constant_image_is_zero_then_inverted_for_monochrome1(tmp_path):
     image = read_dicom(write_dicom(tmp_path / "c.dcm", np.full((8, 8), 7, np.uint8)))
     assert image.shape == (8, 8) and not image.any()
+    inverted = read_dicom(write_dicom(tmp_path / "c1.dcm", np.full((8, 8), 7, np.uint8), "MONOCHROME1"))
+    assert (inverted == 1.0).all()
 
 
 def test_damaged_files_raise_data_error_naming_the_file(tmp_path, real_cxr):

@@ -103,7 +103,7 @@ class XBenchDataset(Dataset):
         image, (height, width) = self.read(record)
         pixels, affine = self.preprocess(image)
         if image.shape != (height, width):
-            # the decoded copy is a uniform rescale of the original: fold it in so affine maps original -> input
+            # the decoded copy is the original rescaled per axis (w / W, h / H): fold it in so affine maps original -> input
             affine = affine * torch.tensor([image.shape[1] / width, image.shape[0] / height, 1.0, 1.0], dtype=affine.dtype)
         masks, region_class = [], []
         for c, name in enumerate(self.classes):

@@ -5,9 +5,11 @@ so the long side is at most ``max_side`` (``None``: keep full resolution), quant
 16 bits. With a cache folder the quantised array is written once as ``.npy`` and later read
 memory-mapped, so repeated runs, sweeps and DataLoader workers skip decoding.
 
-Geometry stays exact: the stored copy is a uniform rescale of the original frame and the
-original ``(H, W)`` is stored beside it; ``XBenchDataset`` composes that rescale into the
-affine, and regions stay in original coordinates.
+Geometry stays exact: the stored copy is a rescale of the original frame by ``w / W`` and
+``h / H`` (nearly equal, but rounding the shrunk size to whole pixels makes them differ
+slightly, so the two axes are scaled separately), and the original ``(H, W)`` is stored
+beside it; ``XBenchDataset`` composes that per-axis rescale into the affine, and regions
+stay in original coordinates.
 
 Results do not depend on the cache: with or without it an image goes through the same
 bound + quantise step, so pixels are bit-identical. Quantisation is lossless for 8-bit

@@ -8,8 +8,9 @@ Pipeline (pydicom 3 ``pydicom.pixels``; JPEG transfer syntaxes decode through py
 3. VOI: the first VOI LUT, else the first ``WindowCenter``/``WindowWidth`` (values outside the
    window are clipped by the window);
 4. ``MONOCHROME1`` (high value = dark) is inverted;
-5. scale to [0, 1] by **min-max over the image** (a constant image becomes 0). Steps 4 and 5
-   are done as min-max then ``1 - x``, which is the same thing.
+5. scale to [0, 1] by **min-max over the image**. Steps 4 and 5 are done as min-max then
+   ``1 - x``, which is the same thing; so a constant image becomes 0 (MONOCHROME2) or 1
+   (MONOCHROME1).
 
 Why min-max rather than dividing by ``2**BitsStored``: ``BitsStored`` often overstates the
 range actually used (VinDr-CXR stores 12-bit data in 14-16-bit declarations), which would
