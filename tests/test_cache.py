@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from synthetic_dicom import grey, make_rsna, write_dicom
@@ -61,13 +62,15 @@ def test_damaged_entry_is_rebuilt(tmp_path):
     assert np.load(entry).shape == (12, 12)
 
 
-def test_max_side_keeps_geometry_exact(tmp_path):
+@pytest.mark.parametrize("preprocess", [Preprocess(size=32), Preprocess(resize="crop", size=32),
+                                        Preprocess(resize="letterbox", size=32, canvas=40)], ids=lambda p: p.resize)
+def test_max_side_keeps_geometry_exact(tmp_path, preprocess):
     root = make_rsna(tmp_path / "rsna")  # 96 x 128 images; "pos" becomes a smooth ramp to compare pixels
     ramp = np.add.outer(np.arange(96), 2 * np.arange(128)).astype(np.uint16)
     write_dicom(root / "stage_2_train_images" / "pos.dcm", ramp)
     batches = {}
-    for max_side in (None, 50):
-        dm = create_datamodule("rsna_pneumonia", root=str(root), preprocess=Preprocess(size=32), eval_size=32,
+    for max_side in (None, 50):  # stored 38 x 50: scaled by 38/96 and 50/128, not one uniform factor
+        dm = create_datamodule("rsna_pneumonia", root=str(root), preprocess=preprocess, eval_size=32,
                                max_side=max_side, cache_dir=str(tmp_path / f"cache{max_side}"))
         dm.setup()
         batches[max_side] = next(iter(dm.test_dataloader()))
