@@ -99,6 +99,15 @@ def test_malformed_rows(tmp_path):
     assert regions == {"pos": 2, "neg": 0}
 
 
+def test_positive_row_with_a_bad_box_keeps_the_image_positive(tmp_path):
+    root = make_rsna(tmp_path / "rsna", labels=RSNA_LABELS + "sick,1,2,,4,1\n", images=("pos", "neg", "sick"))
+    dm = datamodule("rsna_pneumonia", root, "skip")
+    dm.setup()
+    (sick,) = [r for r in dm.test_set.records if r.image_id == "sick"]
+    assert sick.labels == {"Pneumonia": 1} and not sick.regions
+    assert [(p.row, p.action) for p in dm.problems] == [("5", "skipped")] and "label kept" in dm.problems[0].reason
+
+
 def test_box_outside_the_image_is_clipped_and_counted(tmp_path):
     # 96 x 128 image: the first box reaches past the right edge, the second lies wholly outside
     labels = "patientId,x,y,width,height,Target\npos,100,-10,50,40,1\npos,200,10,5,5,1\nneg,,,,,0\n"

@@ -65,7 +65,7 @@ def test_masks_are_the_default_and_only_annotated_images_count(tmp_path):
     expected[12:25, 5:15] = True  # eval-pixel centres (0.8 px apart vertically, 1 px across) in rows 10-19, cols 5-14
     assert (sample["region_masks"][0].numpy() == expected).all()
     grey = 0.299 * 200 + 0.587 * 100 + 0.114 * 50  # the 3-channel JPEG read as luminance
-    assert abs(dm.test_set.read(dm.test_set.records[0])[0].mean() * 255 - grey) < 2
+    assert abs(dm.test_set.images(dm.test_set.records[0].path)[0].mean() * 255 - grey) < 2
 
 
 def test_polygons_skip_lungs_and_match_masks(tmp_path):

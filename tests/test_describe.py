@@ -40,7 +40,7 @@ def test_describe_reports_every_problem(tmp_path, capsys):
     assert problems == {("5", "skipped"), ("7", "deduplicated"), (None, "skipped")}
     assert any(p["file"].endswith("ghost.dcm") for p in summary["problems"])
     code, text, _ = run(capsys, ["--data", "rsna_pneumonia", "--data.root", str(root)])
-    assert "3 problem(s)" in text and "row 5: box x,y,width,height" in text and "[deduplicated]" in text
+    assert "3 problem(s)" in text and "row 5: box xywh" in text and "[deduplicated]" in text
     # --data.on_error raise stops at the first problem, with a message naming file and row
     code, _, err = run(capsys, ["--data", "rsna_pneumonia", "--data.root", str(root), "--data.on_error", "raise"])
     assert code == 1 and "stage_2_train_labels.csv, row 5" in err

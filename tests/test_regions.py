@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from xbench_pl.data.annotations import ImageIndex, checked_box, parse_box, parse_polygon
+from xbench_pl.data.annotations import ImageIndex, checked_box, find_one, parse_box, parse_polygon
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError
 from xbench_pl.data.regions import Box, Mask, Polygon, rasterize_union
@@ -89,6 +89,20 @@ def test_image_index(tmp_path):
         index.get("same.png")
     assert ImageIndex(tmp_path, "**/*.png", key=lambda p: p.parent.name + p.stem).get("bsame") == tmp_path / "b" / "same.png"
 
+
+
+def test_find_one_prefers_earlier_patterns_and_names_ambiguity(tmp_path):
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "table.csv.gz").write_bytes(b"")
+    (tmp_path / "deep" / "er" / "table_v2.csv").write_bytes(b"")
+    assert find_one(tmp_path, ("table_v2.csv*", "table.csv*")) == tmp_path / "deep" / "er" / "table_v2.csv"
+    assert find_one(tmp_path, ("other.csv", "table.csv*")) == tmp_path / "deep" / "table.csv.gz"
+    assert find_one(tmp_path, ("other.csv",), required=False) is None
+    with pytest.raises(DataError, match=r"other.csv: not found under .*\['other.csv'\]"):
+        find_one(tmp_path, ("other.csv",))
+    (tmp_path / "table.csv").write_bytes(b"")
+    with pytest.raises(DataError, match="table.csv\\* is ambiguous"):
+        find_one(tmp_path, ("table.csv*",))
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_regions_empty_on_the_grid_are_reported(on_error):

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from xbench_pl.data.io import DataError, parse_floats
-from xbench_pl.data.regions import Box, Mask, Polygon
+from xbench_pl.data.regions import Box, Mask, Polygon, sample_indices
 
 
 class ImageIndex:
@@ -51,6 +51,21 @@ class ImageIndex:
         if len(found) > 1:
             raise DataError(found[0], f"image name {key!r} is ambiguous: also at {[str(p) for p in found[1:]]}")
         return found[0]
+
+
+def find_one(root: Path, patterns: tuple[str, ...], required: bool = True) -> Path | None:
+    """The one file anywhere under ``root`` matching the first of ``patterns`` (glob, in order of
+    preference) that matches any. Two matches are ambiguous: an error naming both. None found:
+    ``DataError``, or ``None`` when not ``required``."""
+    for pattern in patterns:
+        found = sorted(root.rglob(pattern))
+        if len(found) > 1:
+            raise DataError(found[0], f"{pattern} is ambiguous: also at {[str(p) for p in found[1:]]}")
+        if found:
+            return found[0]
+    if required:
+        raise DataError(root / patterns[0], f"not found under {root} (looked for {list(patterns)})")
+    return None
 
 
 def read_json(path: Path, expected: type = dict):
@@ -159,8 +174,7 @@ class RLEMask:
     def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
         if self.size != (height, width):
             raise ValueError(f"mask size {self.size} != image size {(height, width)}")
-        rows = np.floor((np.arange(eval_size) + 0.5) * (height / eval_size)).astype(np.int64)
-        cols = np.floor((np.arange(eval_size) + 0.5) * (width / eval_size)).astype(np.int64)
+        rows, cols = sample_indices(height, width, eval_size)
         run = np.searchsorted(np.cumsum(self.counts), cols[None, :] * height + rows[:, None], side="right")
         return run % 2 == 1
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -93,14 +92,11 @@ class XBenchDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def read(self, record: Record) -> tuple[np.ndarray, tuple[int, int]]:
-        return self.images(record.path)
-
     def __getitem__(self, index: int) -> dict:
         if index < 0:  # ~i: a stand-in copy of sample i, never counted (see EvalDistributedSampler)
             return {**self[~index], "counted": False}
         record = self.records[index]
-        image, (height, width) = self.read(record)
+        image, (height, width) = self.images(record.path)
         pixels, affine = self.preprocess(image)
         if image.shape != (height, width):
             # the decoded copy is the original rescaled per axis (w / W, h / H): fold it in so affine maps original -> input

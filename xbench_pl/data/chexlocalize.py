@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xbench_pl.data.annotations import ImageIndex, RLEMask, parse_polygon, read_json
+from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
 from xbench_pl.data.regions import Region
@@ -52,17 +52,6 @@ REGION_FILES = {"segmentations": "gt_segmentations_{split}.json", "annotations":
 def cxr_id(path: str | Path) -> str:
     """CheXlocalize's image id: the last three path parts (patient, study, view) joined by ``_``."""
     return "_".join(Path(path).with_suffix("").parts[-3:])
-
-
-def find_one(root: Path, names: tuple[str, ...]) -> Path:
-    """The file under ``root`` named like the first of ``names`` that exists; ambiguous -> error."""
-    for name in names:
-        found = sorted(root.rglob(name))
-        if len(found) > 1:
-            raise DataError(found[0], f"{name} is ambiguous: also at {[str(p) for p in found[1:]]}")
-        if found:
-            return found[0]
-    raise DataError(root / names[0], f"not found under {root} (looked for {list(names)})")
 
 
 class CheXlocalizeDataModule(XBenchDataModule):

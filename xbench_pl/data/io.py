@@ -81,39 +81,36 @@ def read_image(path: str | Path) -> np.ndarray:
     PNG/JPEG (8 or 16 bit, grey, RGB or RGBA: colour is converted to luminance) through
     Pillow; DICOM through ``xbench_pl.data.dicom``. Raises ``DataError`` naming the file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(path, "image file not found")
-    if is_dicom(path):
-        from xbench_pl.data.dicom import read_dicom
-
-        return read_dicom(path)
-    try:
-        with Image.open(path) as image:
-            image.load()
-            if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-                array = np.asarray(image, dtype=np.float32)
-                peak = 65535.0 if image.mode.startswith("I;16") else max(float(array.max()), 1.0)
-                return np.clip(array / peak, 0.0, 1.0)
-            return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise DataError(path, f"cannot decode image ({error})") from error
+    return _read(path, header_only=False)
 
 
 def read_image_size(path: str | Path) -> tuple[int, int]:
     """``(H, W)`` from the file header alone (no pixel decoding); ``DataError`` naming the file."""
+    return _read(path, header_only=True)
+
+
+def _read(path: str | Path, header_only: bool):
     path = Path(path)
     if not path.is_file():
         raise DataError(path, "image file not found")
     if is_dicom(path):
-        from xbench_pl.data.dicom import read_dicom_size
+        from xbench_pl.data.dicom import read_dicom, read_dicom_size  # dicom imports DataError from here
 
-        return read_dicom_size(path)
+        return read_dicom_size(path) if header_only else read_dicom(path)
     try:
         with Image.open(path) as image:
-            return image.height, image.width
+            return (image.height, image.width) if header_only else _grey_pixels(image)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(path, f"cannot decode image ({error})") from error
+
+
+def _grey_pixels(image: Image.Image) -> np.ndarray:
+    image.load()
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        array = np.asarray(image, dtype=np.float32)
+        peak = 65535.0 if image.mode.startswith("I;16") else max(float(array.max()), 1.0)
+        return np.clip(array / peak, 0.0, 1.0)
+    return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
 
 
 def is_dicom(path: Path) -> bool:

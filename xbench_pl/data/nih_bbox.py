@@ -4,7 +4,9 @@ Layout as downloaded (NIH box folder or Kaggle ``nih-chest-xrays/data``)::
 
     root/BBox_List_2017.csv          (or .csv.gz) header ``Image Index,Finding Label,Bbox [x,y,w,h],,,``
     root/images/*.png                 or root/images_001 ... images_012/images/*.png
-    root/Data_Entry_2017*.csv         optional (``_v2020`` too; or .csv.gz): image-level labels
+    root/Data_Entry_2017*.csv         optional (``_v2020`` preferred; or .csv.gz): image-level labels
+
+The two tables are found anywhere under ``root`` (one copy each: two are an error naming both).
 
 Coordinates: float **xywh**, top-left origin, in the PNG's pixel frame (1024² for NIH) ->
 ``Box(x, y, x + w, y + h)``. The PNGs are 8-bit, some RGBA (read as luminance).
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xbench_pl.data.annotations import ImageIndex, parse_box
+from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
 from xbench_pl.data.vocabulary import canonical, dataset_classes
@@ -45,6 +47,7 @@ BOX_COLUMNS = ("image_id", "finding", "x", "y", "w", "h")
 NIH_BOX_CLASSES = dataset_classes("nih_bbox")
 NO_FINDING = "No Finding"
 ENTRY_COLUMNS = ("Image Index", "Finding Labels")
+ENTRY_TABLES = ("Data_Entry_2017_v2020.csv*", "Data_Entry_2017.csv*")  # NIH's current release first, then Kaggle's
 
 
 def read_box_table(path: str | Path) -> pd.DataFrame:
@@ -60,12 +63,6 @@ def read_box_table(path: str | Path) -> pd.DataFrame:
     table = table.apply(lambda column: column.str.strip())
     table["row"] = range(2, len(table) + 2)
     return table[(table[list(BOX_COLUMNS)] != "").any(axis=1)]
-
-
-def find_table(root: Path, stem: str) -> Path | None:
-    """``root/stem`` or its gzipped copy (the first ``root/stem*`` match, sorted)."""
-    found = sorted(root.glob(f"{stem}*"))
-    return found[0] if found else None
 
 
 class NIHBoxDataModule(XBenchDataModule):
@@ -89,7 +86,7 @@ class NIHBoxDataModule(XBenchDataModule):
 
     def load_records(self) -> list[Record]:
         root = self.root
-        table_path = find_table(root, BOX_TABLE) if root is not None else None
+        table_path = find_one(root, (BOX_TABLE, f"{BOX_TABLE}.gz"), required=False) if root is not None else None
         if table_path is None:
             raise DataError(root / BOX_TABLE if root else BOX_TABLE, "NIH box list not found (set --data.root)")
         images = ImageIndex(root, "images*/**/*.png")
@@ -122,8 +119,8 @@ class NIHBoxDataModule(XBenchDataModule):
         return list(records.values())
 
     def read_entries(self, root: Path) -> pd.DataFrame | None:
-        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, row``); None if the folder has none."""
-        path = find_table(root, "Data_Entry_2017")
+        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, row``); None if ``root`` has none."""
+        path = find_one(root, ENTRY_TABLES, required=False)
         if path is None:
             return None
         table = read_table(path, ENTRY_COLUMNS)[[*ENTRY_COLUMNS, "row"]]

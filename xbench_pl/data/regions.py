@@ -17,6 +17,11 @@ def _centres(n_original: int, eval_size: int) -> np.ndarray:
     return (np.arange(eval_size) + 0.5) * (n_original / eval_size)
 
 
+def sample_indices(height: int, width: int, eval_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The original pixel (row, column) under each eval-pixel centre: what a mask is sampled at."""
+    return np.floor(_centres(height, eval_size)).astype(np.int64), np.floor(_centres(width, eval_size)).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class Box:
     """Axis-aligned box ``[x0, x1) x [y0, y1)`` in continuous original pixel coordinates.
@@ -59,8 +64,7 @@ class Mask:
     def rasterize(self, height: int, width: int, eval_size: int) -> np.ndarray:
         if self.array.shape != (height, width):
             raise ValueError(f"mask shape {self.array.shape} != image size {(height, width)}")
-        rows = np.floor(_centres(height, eval_size)).astype(np.int64)
-        cols = np.floor(_centres(width, eval_size)).astype(np.int64)
+        rows, cols = sample_indices(height, width, eval_size)
         return self.array[np.ix_(rows, cols)].astype(bool)
 
 

@@ -18,16 +18,17 @@ AUROC/AUPRC defined. ``split_file`` restricts it (XBench's own split is not publ
 
 Bad input: a row with a Target other than 0/1, non-numeric/NaN coordinates, a non-positive
 size, a positive row without a box or a negative row with one is an error naming file and
-row (a counted skip with ``on_error='skip'``); exact duplicate rows are dropped and recorded.
+row (a counted skip with ``on_error='skip'``: a Target 1 row with a bad box drops only the
+box, the image stays positive); exact duplicate rows are dropped and recorded.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from xbench_pl.data.annotations import parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, parse_floats, raise_error, read_table
-from xbench_pl.data.regions import Box
+from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.vocabulary import dataset_classes
 
 LABEL_TABLE = "stage_2_train_labels.csv"
@@ -43,8 +44,9 @@ def parse_rsna_labels(table_path: str | Path, image_dir: str | Path, report: Rep
     table = drop_duplicate_rows(read_table(table_path, COLUMNS), COLUMNS, table_path, report)
     records: dict[str, Record] = {}
     for row in table.itertuples(index=False):
+        coordinates = (row.x, row.y, row.width, row.height)
         try:
-            box = parse_row(row)
+            positive = parse_target(row.patientId, row.Target, coordinates)
         except ValueError as error:
             report(DataError(table_path, str(error), row=row.row))
             continue
@@ -52,27 +54,27 @@ def parse_rsna_labels(table_path: str | Path, image_dir: str | Path, report: Rep
         if record is None:
             path = image_dir / f"{row.patientId}.dcm"
             record = records[row.patientId] = Record(row.patientId, path, {PNEUMONIA: 0}, {}, f"{table_path}, row {row.row}")
-        if box is not None:
-            record.labels[PNEUMONIA] = 1
-            record.add_region(PNEUMONIA, box, table_path, row.row)
+        if not positive:
+            continue
+        record.labels[PNEUMONIA] = 1  # Target 1: positive whether or not its box parses
+        try:
+            box = parse_box(coordinates, "xywh")
+        except ValueError as error:
+            report(DataError(table_path, f"{error}; box dropped, label kept", row=row.row))
+            continue
+        record.add_region(PNEUMONIA, box, table_path, row.row)
     return list(records.values())
 
 
-def parse_row(row) -> Box | None:
-    """The box of one labels row (``None`` for a negative); ``ValueError`` saying what is wrong."""
-    if not row.patientId:
+def parse_target(patient_id: str, target: str, coordinates: tuple[str, ...]) -> bool:
+    """Whether a labels row is positive; ``ValueError`` saying what is wrong."""
+    if not patient_id:
         raise ValueError("empty patientId")
-    coordinates = (row.x, row.y, row.width, row.height)
-    if row.Target == "0":
-        if any(coordinates):
-            raise ValueError(f"Target 0 row has box coordinates {coordinates}")
-        return None
-    if row.Target != "1":
-        raise ValueError(f"Target {row.Target!r} is not 0 or 1")
-    x, y, width, height = parse_floats(coordinates, "box x,y,width,height")
-    if width <= 0 or height <= 0:
-        raise ValueError(f"box x,y,width,height {coordinates} has a non-positive size")
-    return Box(x, y, x + width, y + height)
+    if target == "0" and any(coordinates):
+        raise ValueError(f"Target 0 row has box coordinates {coordinates}")
+    if target not in ("0", "1"):
+        raise ValueError(f"Target {target!r} is not 0 or 1")
+    return target == "1"
 
 
 class RSNAPneumoniaDataModule(XBenchDataModule):

@@ -35,8 +35,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from xbench_pl.data.annotations import parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, parse_floats, raise_error, read_table
+from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.regions import Box
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
@@ -73,15 +74,13 @@ def parse_vindr_boxes(table_path: str | Path, classes: tuple[str, ...] = LOCAL_L
                 boxes.setdefault(row.image_id, [])
                 continue
             finding = canonical(row.class_name, "vindr_cxr")
-            x_min, y_min, x_max, y_max = parse_floats(coordinates, "box x_min,y_min,x_max,y_max")
-            if x_max <= x_min or y_max <= y_min:
-                raise ValueError(f"box x_min,y_min,x_max,y_max {coordinates} is empty or inverted")
+            box = parse_box(coordinates, "xyxy")
         except (KeyError, ValueError) as error:
             report(DataError(table_path, str(error).strip('"'), row=row.row))
             continue
         image_boxes = boxes.setdefault(row.image_id, [])
         if finding in classes:
-            image_boxes.append((finding, Box(x_min, y_min, x_max, y_max), row.row))
+            image_boxes.append((finding, box, row.row))
     return boxes
 
 
