@@ -24,6 +24,15 @@ def datamodule(name, root, on_error="raise", **kwargs):
     return create_datamodule(name, root=str(root), preprocess=PRE, eval_size=8, on_error=on_error, **kwargs)
 
 
+def raise_then_skip(name, root, match):
+    """The error ``on_error="raise"`` stops at (matching ``match``), and the datamodule set up with ``"skip"``."""
+    with pytest.raises(DataError, match=match) as caught:
+        datamodule(name, root).setup()
+    dm = datamodule(name, root, "skip")
+    dm.setup()
+    return caught.value.problem, dm
+
+
 def images_seen(dm) -> list[str]:
     dm.setup()
     return [i for batch in dm.test_dataloader() for i in batch.image_ids]
@@ -31,10 +40,8 @@ def images_seen(dm) -> list[str]:
 
 def test_missing_image(tmp_path):
     root = make_rsna(tmp_path / "rsna", images=("pos",))
-    with pytest.raises(DataError, match="image file not found") as caught:
-        datamodule("rsna_pneumonia", root).setup()
-    assert caught.value.problem.file.endswith("neg.dcm") and "stage_2_train_labels.csv, row 3" in str(caught.value)
-    dm = datamodule("rsna_pneumonia", root, "skip")
+    first, dm = raise_then_skip("rsna_pneumonia", root, "image file not found")
+    assert first.file.endswith("neg.dcm") and "stage_2_train_labels.csv, row 3" in first.reason
     assert images_seen(dm) == ["pos"]
     assert len(dm.problems) == 1 and dm.problems[0].file.endswith("neg.dcm")
 
@@ -88,11 +95,8 @@ def test_truncated_png_in_a_dataset_is_skipped_and_counted(tmp_path):
 def test_malformed_rows(tmp_path):
     labels = RSNA_LABELS + "pos,NaN,1,2,3,1\npos,1,2,-5,3,1\nneg,1,2,3,4,7\n"
     root = make_rsna(tmp_path / "rsna", labels=labels)
-    with pytest.raises(DataError, match="not finite") as caught:
-        datamodule("rsna_pneumonia", root).setup()
-    assert caught.value.problem.row == "5" and caught.value.problem.file.endswith("stage_2_train_labels.csv")
-    dm = datamodule("rsna_pneumonia", root, "skip")
-    dm.setup()
+    first, dm = raise_then_skip("rsna_pneumonia", root, "not finite")
+    assert first.row == "5" and first.file.endswith("stage_2_train_labels.csv")
     assert [(p.row, p.action) for p in dm.problems] == [("5", "skipped"), ("6", "skipped"), ("7", "skipped")]
     assert "non-positive size" in dm.problems[1].reason and "Target '7'" in dm.problems[2].reason
     regions = {r.image_id: len(r.regions.get("Pneumonia", [])) for r in dm.test_set.records}
@@ -112,11 +116,8 @@ def test_box_outside_the_image_is_clipped_and_counted(tmp_path):
     # 96 x 128 image: the first box reaches past the right edge, the second lies wholly outside
     labels = "patientId,x,y,width,height,Target\npos,100,-10,50,40,1\npos,200,10,5,5,1\nneg,,,,,0\n"
     root = make_rsna(tmp_path / "rsna", labels=labels)
-    with pytest.raises(DataError, match="lies outside") as caught:
-        datamodule("rsna_pneumonia", root).setup()
-    assert caught.value.problem.row == "3"
-    dm = datamodule("rsna_pneumonia", root, "skip")
-    dm.setup()
+    first, dm = raise_then_skip("rsna_pneumonia", root, "lies outside")
+    assert first.row == "3"
     assert [(p.row, p.action) for p in dm.problems] == [("2", "clipped"), ("3", "skipped")]
     assert "clipped to (100, 0, 128, 30)" in dm.problems[0].reason
     (box,) = dm.test_set.records[0].regions["Pneumonia"]
@@ -126,11 +127,8 @@ def test_box_outside_the_image_is_clipped_and_counted(tmp_path):
 def test_unknown_class_name(tmp_path):
     boxes = "image_id,class_name,x_min,y_min,x_max,y_max\naaa,Cardiomegally,1,1,10,10\nbbb,No finding,,,,\n"
     root = make_vindr(tmp_path / "vindr", boxes=boxes)
-    with pytest.raises(DataError, match="unknown finding name 'Cardiomegally'") as caught:
-        datamodule("vindr_cxr", root).setup()
-    assert caught.value.problem.row == "2" and caught.value.problem.file.endswith("annotations_test.csv")
-    dm = datamodule("vindr_cxr", root, "skip")
-    dm.setup()
+    first, dm = raise_then_skip("vindr_cxr", root, "unknown finding name 'Cardiomegally'")
+    assert first.row == "2" and first.file.endswith("annotations_test.csv")
     assert len(dm.problems) == 1 and len(dm.test_set) == 2
 
 

@@ -64,12 +64,11 @@ class PooledDataModule(XBenchDataModule):
         cache_dir: str | None = None,
         max_side: int | None = None,
     ):
-        super().__init__(batch_size=batch_size, num_workers=num_workers, eval_size=eval_size, on_error=on_error,
-                         preprocess=preprocess, cache_dir=cache_dir, max_side=max_side)
-        if not datasets:
-            raise ValueError("pooled: give at least one dataset")
         shared = dict(batch_size=batch_size, num_workers=num_workers, eval_size=eval_size, on_error=on_error,
                       preprocess=preprocess, cache_dir=cache_dir, max_side=max_side)
+        super().__init__(**shared)
+        if not datasets:
+            raise ValueError("pooled: give at least one dataset")
         self.datamodules = [build_child(entry, shared, root) for entry in datasets]
         names = [child.name for child in self.datamodules]
         repeated = sorted({n for n in names if names.count(n) > 1})
