@@ -394,7 +394,7 @@ def _identity(sample):
 def fit_region(region: Region, height: int, width: int) -> tuple[Region, str]:
     """``region`` fitted to the ``width x height`` image, and what clipping did to it (``""``: nothing).
 
-    ``ValueError`` if it cannot fit (a box wholly outside, a mask of another size).
+    ``ValueError`` for a box wholly outside (a mask of another size fails when rasterised).
     """
     if isinstance(region, Box):
         box, changed = checked_box(region.x0, region.y0, region.x1, region.y1, height, width)
