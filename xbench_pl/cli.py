@@ -44,8 +44,7 @@ def resolve_names(argv: list[str]) -> list[str]:
 
 
 def datamodule_problems(datamodule) -> dict[str, list]:
-    children = getattr(datamodule, "datamodules", None) or [datamodule]
-    return {child.name: list(child.problems) for child in children}
+    return {dm.name: list(dm.problems) for dm in datamodule.datamodules}
 
 
 class XBenchCLI(LightningCLI):
@@ -63,27 +62,26 @@ class XBenchCLI(LightningCLI):
     def after_test(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        config = self.config[self.subcommand]
-        settings = yaml.safe_load(self.parser._subcommands_action._name_parser_map[self.subcommand].dump(
-            config, skip_none=False, skip_validation=True))
+        settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))[self.subcommand]
         report = build_report(
             model=self.model_name or settings["model"]["class_path"],
             results=self.model.results,
             problems=datamodule_problems(self.datamodule),
             config={"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")},
         )
-        out = write_report(report, config["out"])
+        out = write_report(report, settings["out"])
         print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
 
 
-def option_value(argv: list[str], flag: str) -> str | None:
+def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it."""
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
         if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
+    return None, argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         subclass_mode_model=True,
         subclass_mode_data=True,
         args=None if from_command_line else resolved,
-        model_name=option_value(argv, "--model"),
+        model_name=take_option(argv, "--model")[0],
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_callback=None,
         parser_kwargs={"prog": "python -m xbench_pl", "description": "Zero-shot recognition and grounding benchmark "

@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import sys
 
-import yaml
 from jsonargparse import ArgumentParser
 
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, Problem
-from xbench_pl.data.pooled import PooledDataModule
-from xbench_pl.registry import available, config_path, resolve_class
+from xbench_pl.cli import take_option
+from xbench_pl.registry import available, read_config
 
 
 def summarize(records: list[Record], classes: list[str], problems: list[Problem]) -> dict:
@@ -53,16 +52,6 @@ def format_summary(name: str, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def split_name(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take ``--data NAME`` (or ``--data=NAME``) out of ``argv``."""
-    for i, arg in enumerate(argv):
-        if arg == "--data" and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2 :]
-        if arg.startswith("--data="):
-            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
-    return None, argv
-
-
 def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
     parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1])
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
@@ -73,21 +62,20 @@ def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    name, rest = split_name(argv)
+    name, rest = take_option(argv, "--data")
     if name is None:
         print(f"describe: --data NAME is required; available: {available('data')}", file=sys.stderr)
         return 2
     try:
-        config = yaml.safe_load(config_path("data", name).read_text())
+        datamodule_class, defaults = read_config("data", name)
     except KeyError as error:
         print(f"describe: {error.args[0]}", file=sys.stderr)
         return 2
-    datamodule_class = resolve_class(config["class_path"])
-    args = build_parser(datamodule_class, config.get("init_args") or {}).parse_args(rest)
+    args = build_parser(datamodule_class, defaults).parse_args(rest)
     datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())
-    pooled = isinstance(datamodule, PooledDataModule)
+    pooled = datamodule.datamodules != [datamodule]
     summaries, failed = {}, False
-    for child in datamodule.datamodules if pooled else [datamodule]:
+    for child in datamodule.datamodules:
         try:
             records = child.prepare_records()
         except DataError as error:

@@ -39,9 +39,15 @@ def resolve_class(class_path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def create(kind: str, name: str, **overrides):
+def read_config(kind: str, name: str) -> tuple[type, dict]:
+    """The class of a registered name and its default init args."""
     config = yaml.safe_load(config_path(kind, name).read_text())
-    return resolve_class(config["class_path"])(**{**(config.get("init_args") or {}), **overrides})
+    return resolve_class(config["class_path"]), dict(config.get("init_args") or {})
+
+
+def create(kind: str, name: str, **overrides):
+    cls, init_args = read_config(kind, name)
+    return cls(**{**init_args, **overrides})
 
 
 def create_model(name: str, **kwargs):

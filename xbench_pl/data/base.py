@@ -231,8 +231,13 @@ class XBenchDataModule(L.LightningDataModule):
 
     # -- Lightning hooks ---------------------------------------------------------------------
     @property
+    def datamodules(self) -> list[XBenchDataModule]:
+        """The datasets this module evaluates, each reported on its own: itself (pooled: its children)."""
+        return [self]
+
+    @property
     def dataset_specs(self) -> list[DatasetSpec]:
-        return [DatasetSpec(self.name, self.classes)]
+        return [DatasetSpec(dm.name, dm.classes) for dm in self.datamodules]
 
     def resolve_preprocess(self) -> Preprocess:
         """The preprocessing to apply: as given, else that of the model under test (looked up anew

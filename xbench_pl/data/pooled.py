@@ -34,7 +34,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from xbench_pl.data.base import DatasetSpec, XBenchDataModule
+from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.geometry import Preprocess
 from xbench_pl.registry import create_datamodule, resolve_class
 
@@ -69,15 +69,15 @@ class PooledDataModule(XBenchDataModule):
         super().__init__(**shared)
         if not datasets:
             raise ValueError("pooled: give at least one dataset")
-        self.datamodules = [build_child(entry, shared, root) for entry in datasets]
+        self.children = [build_child(entry, shared, root) for entry in datasets]
         names = [child.name for child in self.datamodules]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"pooled: dataset(s) {repeated} given twice; results are keyed by dataset name")
 
     @property
-    def dataset_specs(self) -> list[DatasetSpec]:
-        return [spec for child in self.datamodules for spec in child.dataset_specs]
+    def datamodules(self) -> list[XBenchDataModule]:
+        return self.children
 
     def setup(self, stage: str | None = None) -> None:
         preprocess = self.resolve_preprocess()
