@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from xbench_pl.data.base import Batch
@@ -44,11 +45,18 @@ class ZeroShotModel(L.LightningModule):
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
         self.benchmark = nn.ModuleDict()
         self.results: dict[str, dict] = {}
+        self.random_weights = False  # set by warn_random_weights; reports say so
         # with fewer images than ranks some rank has nothing to test: fine, its metrics still sync
         self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         raise NotImplementedError
+
+    def warn_random_weights(self) -> None:
+        """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""
+        self.random_weights = True
+        rank_zero_warn(f"{type(self).__name__} has RANDOM weights (random_init=True, no checkpoint): "
+                       "its scores and maps are meaningless; use it only to smoke-test a set-up")
 
     # -- evaluation -------------------------------------------------------------------------
     def add_dataset(self, name: str, classes: list[str]) -> None:
