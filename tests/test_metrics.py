@@ -227,3 +227,17 @@ def test_benchmark_table_for_a_single_class_dataset():
     row = bench.compute()["classes"]["Pneumothorax"]
     assert row["auroc"] == 1.0 and row["n_pos"] == 2 and row["n_regions"] == 2
     assert row["pointing_game"] == pytest.approx(pointing_game(maps, masks).mean().item())
+
+
+def test_recognition_is_float64_from_exact_counts():
+    """No float32 step: 1/6 is the double nearest 1/6 (torchmetrics gives 0.1666666716337204)."""
+    metric = Recognition(num_classes=2)
+    scores = torch.tensor([[0.5, 0.9], [0.5, 0.2], [0.5, 0.7], [0.5, 0.1], [0.5, 0.6], [0.5, 0.3]])
+    labels = torch.tensor([[1, 1], [0, 0], [0, 1], [0, 0], [0, 0], [0, 1]])
+    metric.update(scores, labels)
+    out = metric.compute()
+    assert all(v.dtype == torch.float64 for k, v in out.items() if not k.startswith("n_"))
+    assert out["auprc"][0].item() == 1 / 6 and out["hamming_acc"][0].item() == 5 / 6 and out["auroc"][0].item() == 0.5
+    # class 1: ranks 0.9+ 0.7+ 0.6- 0.3+ 0.2- 0.1-: 8 of 9 pairs ordered; AP = (1 + 1 + 3/4) / 3
+    assert out["auroc"][1].item() == 8 / 9 and out["auprc"][1].item() == (1 + 1 + 3 / 4) / 3
+    assert out["f1"][1].item() == 4 / 6 and out["hamming_acc"][1].item() == 4 / 6  # tp 2, fp 1 (0.6), fn 1 (0.3)

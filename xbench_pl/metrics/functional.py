@@ -1,6 +1,8 @@
-"""Grounding metrics as plain torch functions (the twins of the classes in ``grounding.py``).
+"""Metrics as plain torch functions: the twins of the classes in ``grounding.py`` and ``recognition.py``.
 
-All take maps and masks already in one frame: ``maps [N, H, W]`` float, ``masks [N, H, W]`` bool.
+Grounding functions take maps and masks already in one frame: ``maps [N, H, W]`` float,
+``masks [N, H, W]`` bool. Recognition functions take one finding's ``scores [N]`` and 0/1
+``labels [N]`` and return float64 values computed from exact integer counts (no float32 step).
 """
 
 from __future__ import annotations
@@ -123,3 +125,66 @@ def best_threshold(mean_dice: torch.Tensor, thresholds: torch.Tensor) -> tuple[t
     """Index and value of the threshold maximising mean Dice, per row of ``[C, T]`` (lowest on ties)."""
     index = torch.nan_to_num(mean_dice, nan=-1.0).argmax(dim=-1)
     return index, thresholds.to(mean_dice.device, torch.float64)[index]
+
+
+# -- recognition ------------------------------------------------------------------------------
+def ranking_counts(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """True and false positives (int64) at each distinct score, from the highest down: ``tps, fps``.
+
+    The counts at a threshold do not depend on the order of tied or equal-scored samples, so
+    they are the same however the samples were split or ordered (torchmetrics' ``_binary_clf_curve``).
+    """
+    order = torch.argsort(scores, descending=True, stable=True)
+    ranked, positive = scores[order], labels[order].long()
+    last = torch.nonzero(ranked[1:] != ranked[:-1]).flatten()  # last index of each distinct score
+    last = torch.cat([last, torch.tensor([ranked.numel() - 1], device=last.device)])
+    tps = positive.cumsum(0)[last]
+    return tps, last + 1 - tps
+
+
+def auroc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Area under the ROC curve (trapezoidal, ties half-counted), float64; NaN without positives or negatives.
+
+    The trapezoid sum times 2·P·N is an integer, summed exactly in int64: one final division.
+    """
+    if scores.numel() == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    tps, fps = ranking_counts(scores, labels)
+    p, n = int(tps[-1]), int(fps[-1])
+    if p == 0 or n == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    zero = tps.new_zeros(1)
+    tps, fps = torch.cat([zero, tps]), torch.cat([zero, fps])
+    twice_area = ((fps[1:] - fps[:-1]) * (tps[1:] + tps[:-1])).sum()
+    return torch.tensor(int(twice_area) / (2 * p * n), dtype=torch.float64)
+
+
+def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Average precision ``sum_k (R_k - R_(k-1)) P_k`` over the distinct scores, float64 (as
+    torchmetrics and scikit-learn define it); NaN without positives."""
+    if scores.numel() == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    tps, fps = ranking_counts(scores, labels)
+    p = int(tps[-1])
+    if p == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    gained = torch.diff(tps, prepend=tps.new_zeros(1)).double()
+    precision = tps.double() / (tps + fps).double()
+    return (gained * precision).sum() / p
+
+
+def f1_accuracy(scores: torch.Tensor, labels: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """F1 and accuracy of ``score > threshold`` per column of ``[N, C]``, float64 from integer counts.
+
+    F1 is 0 where nothing is predicted or labelled positive (torchmetrics' ``zero_division=0``);
+    both are NaN for a column without samples.
+    """
+    predicted, positive = scores > threshold, labels.bool()
+    tp = (predicted & positive).sum(0)
+    fp = (predicted & ~positive).sum(0)
+    fn = (~predicted & positive).sum(0)
+    tn = (~predicted & ~positive).sum(0)
+    f1 = torch.where(2 * tp + fp + fn > 0, (2 * tp).double() / (2 * tp + fp + fn).clamp_min(1).double(), 0.0)
+    total = (tp + fp + fn + tn).double()
+    accuracy = torch.where(total > 0, (tp + tn).double() / total.clamp_min(1), float("nan"))
+    return f1, accuracy

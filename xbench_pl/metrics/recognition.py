@@ -1,59 +1,51 @@
-"""Recognition metrics per class: torchmetrics' own AUROC, average precision, F1 and accuracy.
+"""Recognition metrics per class: AUROC, average precision, F1 and Hamming accuracy, in float64.
 
 Scores are the model's probability that a finding is present, in [0, 1]. F1 and Hamming
 accuracy binarise at ``threshold`` (default 0.5; ``score > threshold`` as torchmetrics does).
+The definitions are torchmetrics' (``MultilabelAUROC``, ``MultilabelAveragePrecision``,
+``MultilabelF1Score(zero_division=0)``, ``MultilabelAccuracy``, ``average=None``), computed by
+the functional twins in ``functional.py`` from exact integer counts in float64: torchmetrics
+divides its counts in float32, which would put artefacts such as 0.1666666716 into
+``metrics.json``.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import torch
-from torchmetrics import Metric, MetricCollection
-from torchmetrics import classification as tmc
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
-
-def _collection(num_classes: int, threshold: float) -> MetricCollection:
-    if num_classes == 1:  # torchmetrics' multilabel metrics need at least two labels
-        return MetricCollection({
-            "auroc": tmc.BinaryAUROC(),
-            "auprc": tmc.BinaryAveragePrecision(),
-            "f1": tmc.BinaryF1Score(threshold=threshold, zero_division=0),
-            "hamming_acc": tmc.BinaryAccuracy(threshold=threshold),
-        })
-    kw = {"num_labels": num_classes, "average": None}
-    return MetricCollection({
-        "auroc": tmc.MultilabelAUROC(**kw),
-        "auprc": tmc.MultilabelAveragePrecision(**kw),
-        "f1": tmc.MultilabelF1Score(threshold=threshold, zero_division=0, **kw),
-        "hamming_acc": tmc.MultilabelAccuracy(threshold=threshold, **kw),
-    })
+from xbench_pl.metrics.functional import auroc, average_precision, f1_accuracy
 
 
 class Recognition(Metric):
     """Per-class AUROC, AUPRC (average precision), F1 and Hamming accuracy, plus positive/negative counts.
 
-    ``compute`` returns ``[C]`` tensors (``n_pos``, ``n_neg``: label counts); AUROC is NaN for a class lacking positives or
-    negatives, AUPRC NaN for a class without positives (undefined, not 0).
+    ``compute`` returns float64 ``[C]`` tensors (``n_pos``, ``n_neg``: int64 label counts); AUROC
+    is NaN for a class lacking positives or negatives, AUPRC NaN for a class without positives
+    (undefined, not 0). Scores and labels are kept (``"cat"`` states: the curves need every
+    sample); the curves count samples per distinct score, so sample order and the split over
+    DDP ranks cannot change a digit.
     """
 
     full_state_update = False
     higher_is_better = True
+    is_differentiable = False
 
     def __init__(self, num_classes: int, threshold: float = 0.5, **kwargs):
         super().__init__(**kwargs)
-        self.num_classes = num_classes
-        self.metrics = _collection(num_classes, threshold)
+        self.num_classes, self.threshold = num_classes, threshold
         self.add_state("positives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("negatives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("scores", [], dist_reduce_fx="cat")
+        self.add_state("labels", [], dist_reduce_fx="cat")
         self._prime()
 
     def _prime(self) -> None:
-        """Give the torchmetrics curves one empty batch of the right dtype and shape: a DDP rank
-        that sees no sample then syncs ``[0, C]`` like the others, not a bare 1-D placeholder."""
-        scores, labels = torch.zeros(0, self.num_classes), torch.zeros(0, self.num_classes, dtype=torch.long)
-        for name in ("auroc", "auprc"):  # the list-state metrics; F1 and accuracy keep sums
-            self.metrics[name].update(*((scores[:, 0], labels[:, 0]) if self.num_classes == 1 else (scores, labels)))
+        """One empty batch of the right dtype and shape: a DDP rank that sees no sample then syncs
+        ``[0, C]`` like the others, not an empty list."""
+        self.scores.append(torch.zeros(0, self.num_classes, dtype=torch.float64, device=self.device))
+        self.labels.append(torch.zeros(0, self.num_classes, dtype=torch.long, device=self.device))
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
         if scores.shape != labels.shape or scores.dim() != 2 or scores.shape[1] != self.num_classes:
@@ -65,22 +57,23 @@ class Recognition(Metric):
         labels = labels.long()
         self.positives = self.positives + labels.sum(0)
         self.negatives = self.negatives + (1 - labels).sum(0)
-        if self.num_classes == 1:
-            self.metrics.update(scores[:, 0].float(), labels[:, 0])
-        else:
-            self.metrics.update(scores.float(), labels)
+        self.scores.append(scores.detach().double())
+        self.labels.append(labels)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        with warnings.catch_warnings():  # "no positive samples" etc.: such classes become NaN below
-            warnings.simplefilter("ignore", UserWarning)
-            values = {name: value.reshape(self.num_classes).double() for name, value in self.metrics.compute().items()}
-        nan = torch.full_like(values["auroc"], float("nan"))
-        values["auroc"] = torch.where((self.positives > 0) & (self.negatives > 0), values["auroc"], nan)
-        values["auprc"] = torch.where(self.positives > 0, values["auprc"], nan)
+        scores, labels = dim_zero_cat(self.scores).cpu(), dim_zero_cat(self.labels).cpu()
+        columns = range(self.num_classes)
+        f1, accuracy = f1_accuracy(scores, labels, self.threshold)
         # read inside compute: torchmetrics restores the local (unsynced) states afterwards
-        return {**values, "n_pos": self.positives.clone(), "n_neg": self.negatives.clone()}
+        return {
+            "auroc": torch.stack([auroc(scores[:, c], labels[:, c]) for c in columns]),
+            "auprc": torch.stack([average_precision(scores[:, c], labels[:, c]) for c in columns]),
+            "f1": f1,
+            "hamming_acc": accuracy,
+            "n_pos": self.positives.clone(),
+            "n_neg": self.negatives.clone(),
+        }
 
     def reset(self) -> None:
         super().reset()
-        self.metrics.reset()
         self._prime()
