@@ -42,6 +42,7 @@ def test_missing_image(tmp_path):
     root = make_rsna(tmp_path / "rsna", images=("pos",))
     first, dm = raise_then_skip("rsna_pneumonia", root, "image file not found")
     assert first.file.endswith("neg.dcm") and "stage_2_train_labels.csv, row 3" in first.reason
+    assert first.row == "3" and str(first).startswith(f"{first.file}: image file not found")  # the row is the table's
     assert images_seen(dm) == ["pos"]
     assert len(dm.problems) == 1 and dm.problems[0].file.endswith("neg.dcm")
 
@@ -182,3 +183,27 @@ def test_data_error_pickles_and_survives_dataloader_workers(tmp_path):
     dm.setup()
     with pytest.raises(DataError, match=f"(?s)DataLoader worker.*{re.escape(str(victim))}: cannot decode image"):
         next(iter(dm.test_dataloader()))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("neg\npos\n", {"neg": 1, "pos": 2}),                      # no header: the first id is kept
+    ("image_id\npos\n\n neg \n", {"pos": 2, "neg": 4}),        # header, blank line, spaces
+    ("file\npos\n", {"pos": 2}),                               # any header that is no id
+    ("x,ID,z\n1,pos,3\n4,neg,6\n", {"pos": 2, "neg": 3}),      # CSV with an id column
+    ("Image Index,Finding\npos,Mass\n", {"pos": 2}),           # CSV without one: its first column
+])
+def test_split_file_forms(tmp_path, text, expected):
+    from xbench_pl.data.base import read_split_file
+
+    (tmp_path / "split.csv").write_text(text)
+    assert read_split_file(tmp_path / "split.csv", {"neg", "pos"}) == expected
+
+
+def test_split_file_without_header_keeps_every_id_and_names_missing_lines(tmp_path):
+    root = make_rsna(tmp_path / "rsna")
+    (tmp_path / "ids.txt").write_text("neg\nghost\npos\n")
+    dm = datamodule("rsna_pneumonia", root, "skip", split_file=str(tmp_path / "ids.txt"))
+    assert sorted(images_seen(dm)) == ["neg", "pos"]
+    assert [(p.row, p.reason) for p in dm.problems] == [("2", "image id 'ghost' is not in the rsna_pneumonia annotations")]
+    with pytest.raises(DataError, match="split file not found"):
+        datamodule("rsna_pneumonia", root, split_file=str(tmp_path / "nope.txt")).setup()

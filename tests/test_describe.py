@@ -37,7 +37,7 @@ def test_describe_reports_every_problem(tmp_path, capsys):
     assert code == 0 and summary["images"] == 2
     assert summary["classes"] == {"Pneumonia": {"images": 2, "positives": 1, "regions": 2}}
     problems = {(p["row"], p["action"]) for p in summary["problems"]}
-    assert problems == {("5", "skipped"), ("7", "deduplicated"), (None, "skipped")}
+    assert problems == {("5", "skipped"), ("7", "deduplicated"), ("6", "skipped")}  # ghost.dcm: listed at row 6
     assert any(p["file"].endswith("ghost.dcm") for p in summary["problems"])
     code, text, _ = run(capsys, ["--data", "rsna_pneumonia", "--data.root", str(root)])
     assert "3 problem(s)" in text and "row 5: box xywh" in text and "[deduplicated]" in text

@@ -71,3 +71,16 @@ def test_entries_and_config(det10_root):
     pooled = xbench_pl.create_datamodule("pooled", root=str(det10_root))  # the seven XBench datasets
     assert sorted(c.name for c in pooled.datamodules) == sorted(NATIVE_CLASSES)
     assert [s.classes for s in pooled.dataset_specs] == [list(c.default_classes) for c in pooled.datamodules]
+
+
+def test_missing_child_folder_is_named(det10_root):
+    """--data.root holds chestx_det10/ but no rsna_pneumonia/: that folder is named, not 'root not set'."""
+    from xbench_pl.data.io import DataError
+
+    pooled = PooledDataModule(["demo", "chestx_det10", "rsna_pneumonia"], root=str(det10_root), eval_size=32,
+                              preprocess=Preprocess(resize="squash", size=32))
+    with pytest.raises(DataError, match=r"rsna_pneumonia: dataset folder not found \(the pooled "
+                                        r"--data.root .* needs one folder per dataset") as caught:
+        pooled.setup("test")
+    assert caught.value.problem.file == str(det10_root / "rsna_pneumonia")
+    assert [len(child.prepare_records()) > 0 for child in pooled.datamodules[:2]] == [True, True]  # demo needs no folder

@@ -7,12 +7,12 @@ preprocessing, region rasterisation, batching and exact distributed sampling.
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -158,7 +158,9 @@ class XBenchDataModule(L.LightningDataModule):
 
     Args:
         root: folder of the dataset exactly as it unpacks from its official source.
-        split_file: CSV whose first column (or ``image_id`` column) lists the image ids to evaluate.
+        split_file: the image ids to evaluate (``read_split_file``): one id a line (a first line
+            that is no image id of the dataset, such as ``image_id``, is a header), or a CSV with
+            a header row and an ``image_id`` or ``id`` column (else its first column).
         classes: restrict/reorder the findings evaluated (canonical names).
         batch_size, num_workers: DataLoader settings.
         eval_size: side of the evaluation grid that uniformly covers each original image;
@@ -213,6 +215,8 @@ class XBenchDataModule(L.LightningDataModule):
         self.images = ImageStore(cache_dir or os.environ.get(CACHE_ENV) or None, max_side)
         self.problems: list[Problem] = []
         self.test_set: XBenchDataset | None = None
+        # where a pooled parent's --data.root expected this dataset's folder, when it is missing
+        self.expected_root: Path | None = None
 
     # -- what a dataset implements ---------------------------------------------------------
     def load_records(self) -> list[Record]:
@@ -262,7 +266,15 @@ class XBenchDataModule(L.LightningDataModule):
     def prepare_records(self) -> list[Record]:
         """Load, split and check the records to evaluate; ``problems`` lists what was wrong."""
         self.problems = []
-        records = self.check_images(self.apply_split(self.load_records()))
+        try:
+            loaded = self.load_records()
+        except DataError as error:
+            if self.root is None and self.expected_root is not None:
+                raise DataError(self.expected_root, f"dataset folder not found (the pooled --data.root "
+                                f"{self.expected_root.parent} needs one folder per dataset, named as the dataset; or give "
+                                f"{self.name} its own root in --data.datasets)") from error
+            raise
+        records = self.check_images(self.apply_split(loaded))
         if not records:
             raise DataError(self.root or self.name, f"{self.name}: no images left to evaluate"
                             + (f" ({len(self.problems)} problem(s), first: {self.problems[0]})" if self.problems else ""))
@@ -278,7 +290,8 @@ class XBenchDataModule(L.LightningDataModule):
         for index, size in probe:
             record = records[index]
             if isinstance(size, Problem):
-                self.report(DataError(size.file, f"{size.reason} (image of {record.source})"))
+                # the image's own file, at the row of the annotation table that lists it
+                self.report(DataError(size.file, f"{size.reason} (image of {record.source})", row=source_row(record.source)))
                 continue
             self.fit_regions(record, *size)
             kept.append(record)
@@ -297,7 +310,7 @@ class XBenchDataModule(L.LightningDataModule):
         size) is a bad input (action ``skipped``).
         """
         for finding, regions in record.regions.items():
-            sources = record.region_sources.get(finding) or [(record.source, None)] * len(regions)
+            sources = record.region_sources.get(finding) or [source_file_row(record.source)] * len(regions)
             kept = []
             for region, (file, row) in zip(regions, sources):
                 try:
@@ -327,16 +340,14 @@ class XBenchDataModule(L.LightningDataModule):
     def apply_split(self, records: list[Record]) -> list[Record]:
         if self.split_file is None:
             return records
-        split = pd.read_csv(self.split_file, dtype=str)
-        column = "image_id" if "image_id" in split.columns else split.columns[0]
-        wanted = split[column].dropna().str.strip().tolist()
+        by_id = {r.image_id: r for r in records}
+        wanted = read_split_file(self.split_file, by_id)
         if not wanted:
             raise DataError(self.split_file, "split file lists no image ids")
-        by_id = {r.image_id: r for r in records}
-        missing = [i for i in wanted if i not in by_id]
-        for image_id in missing:
-            self.report(DataError(self.split_file, f"image id {image_id!r} is not in the {self.name} annotations", row=image_id))
-        return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+        for image_id, line in wanted.items():
+            if image_id not in by_id:
+                self.report(DataError(self.split_file, f"image id {image_id!r} is not in the {self.name} annotations", row=line))
+        return [by_id[i] for i in wanted if i in by_id]
 
     def test_dataloader(self) -> DataLoader:
         return self.make_loader(self.test_set)
@@ -390,6 +401,48 @@ class _ImageProbe(Dataset):
         except DataError as error:
             return index, error.problem
         return index, tuple(size)
+
+
+def source_file_row(source: str) -> tuple[str, str | None]:
+    """``Record.source`` (``"FILE, row N"`` or ``"FILE"``) as ``(FILE, "N" or None)``."""
+    file, sep, row = source.rpartition(", row ")
+    return (file, row) if sep and row else (source, None)
+
+
+def source_row(source: str) -> str | None:
+    return source_file_row(source)[1]
+
+
+def read_split_file(path: str | Path, known_ids=()) -> dict[str, int]:
+    """The image ids a split file lists, in order, each with its 1-based line (first occurrence).
+
+    One column: one id a line; the first line is a header when it is no id in ``known_ids``
+    (``id``, ``image_id``, ``file``), else the first id. Several columns: the first line is
+    the header, and the ids are its ``image_id`` or ``id`` column (any case), else its first.
+    Blank lines and surrounding spaces are ignored.
+    """
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            rows = [(line, [cell.strip() for cell in cells]) for line, cells in enumerate(csv.reader(handle), 1)]
+    except FileNotFoundError as error:
+        raise DataError(path, "split file not found") from error
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DataError(path, f"cannot read the split file: {error}") from error
+    rows = [(line, cells) for line, cells in rows if any(cells)]
+    if not rows:
+        return {}
+    header = rows[0][1]
+    if len(header) == 1 and max(len(cells) for _, cells in rows) == 1:
+        column, body = 0, rows[1:] if header[0] not in known_ids else rows
+    else:
+        names = [cell.lower() for cell in header]
+        column = next((names.index(n) for n in ("image_id", "id") if n in names), 0)
+        body = rows[1:]
+    wanted: dict[str, int] = {}
+    for line, cells in body:
+        if column < len(cells) and cells[column]:
+            wanted.setdefault(cells[column], line)
+    return wanted
 
 
 def _identity(sample):

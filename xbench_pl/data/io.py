@@ -46,7 +46,8 @@ class Problem:
     """One bad input found while reading a dataset.
 
     ``row`` is the 1-based line of the annotation file (the header is line 1), or ``None``
-    for a whole file; ``action`` says what was done about it: ``"skipped"`` (the row, region
+    for a whole file; for an image (``file`` is the image) it is the row of the annotation
+    table listing it, which the reason names; ``action`` says what was done about it: ``"skipped"`` (the row, region
     or image was left out; an error unless ``on_error="skip"``), or a correction recorded in
     either mode: ``"clipped"`` (a box or polygon reaching outside its image was cut to it and
     kept), ``"deduplicated"`` (an exact repeat of an earlier row was dropped), ``"empty_on_grid"``
@@ -60,7 +61,8 @@ class Problem:
     action: str = "skipped"
 
     def __str__(self) -> str:
-        where = self.file if self.row is None else f"{self.file}, row {self.row}"
+        # an image's problem carries the row of the table listing it, named in its reason
+        where = self.file if self.row is None or f", row {self.row}" in self.reason else f"{self.file}, row {self.row}"
         return f"{where}: {self.reason}"
 
     def to_dict(self) -> dict:

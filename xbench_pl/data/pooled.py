@@ -19,7 +19,9 @@ YAML (``configs/data/pooled.yaml``, or ``--data pooled --data.datasets '[...]'``
 
 With ``root`` set (``--data.root /data``), a child built from a name or mapping without its
 own ``root`` reads ``root/<dataset name>`` when that folder exists: the shipped
-``configs/data/pooled.yaml`` pools the seven XBench datasets laid out that way.
+``configs/data/pooled.yaml`` pools the seven XBench datasets laid out that way. When that
+folder is missing, a child that needs a root fails naming it (one that needs none, such as
+``demo``, uses its default).
 
 Settings given to the pooled module (``batch_size``, ``num_workers``, ``eval_size``,
 ``on_error``, ``preprocess``, ``cache_dir``, ``max_side``) apply to every child built from a
@@ -102,10 +104,13 @@ def build_child(entry: str | dict[str, Any] | XBenchDataModule, shared: dict[str
         else:
             cls = resolve_class(entry["class_path"])
             name, make = getattr(cls, "name", ""), cls
-        if root is not None and "root" not in overrides and name and (Path(root) / name).is_dir():
-            overrides["root"] = str(Path(root) / name)
+        folder = Path(root) / name if root is not None and "root" not in overrides and name else None
+        if folder is not None and folder.is_dir():
+            overrides["root"] = str(folder)
         child = make(**overrides)
         if isinstance(child, XBenchDataModule):
+            if folder is not None and not folder.is_dir():
+                child.expected_root = folder  # a dataset that needs a root then says this folder is missing
             return child
     raise ValueError(f"pooled: a dataset entry must be a registered name, {{'name' or 'class_path', 'init_args'}} "
                      f"or an XBenchDataModule giving an XBenchDataModule, got {entry!r}")
