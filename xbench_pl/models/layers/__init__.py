@@ -1,0 +1,22 @@
+"""Towers shared by model families, in plain torch, one contract per file.
+
+* ``image_encoders``: ``ResNetPatches`` (torchvision ResNet-50 to stage 3 or 4) and
+  ``ViTPatches`` (ViT-B/16 in the Hugging Face ``google/vit-base-patch16-224-in21k`` key
+  layout) return patch tokens ``[B, N, C]`` (row-major raster: token ``y * w + x``) and their
+  grid ``(h, w)``.
+* ``text_encoders``: ``BertModel`` (Hugging Face BERT key layout) and ``BertQueryEncoder``
+  (a BERT, pooled by ``"pooler"`` or ``"cls"``, optionally through a GELU MLP) -> one
+  embedding per text.
+* ``query_decoder``: ``QueryDecoder``, a DETR-style pre-norm transformer decoder (queries
+  self-attend, then cross-attend to patch tokens; no positional encodings) returning the
+  decoded queries and every layer's head-averaged cross-attention ``[L, B, Q, N]``.
+
+Key names follow the released checkpoints' layouts, so a family's filter function only renames
+prefixes. Nothing here downloads or reads weights.
+"""
+
+from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
+from xbench_pl.models.layers.query_decoder import QueryDecoder, QueryDecoderLayer
+from xbench_pl.models.layers.text_encoders import BertModel, BertQueryEncoder
+
+__all__ = ["BertModel", "BertQueryEncoder", "QueryDecoder", "QueryDecoderLayer", "ResNetPatches", "ViTPatches"]
