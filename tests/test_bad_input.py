@@ -6,7 +6,6 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from synthetic_dicom import RSNA_LABELS, grey, make_rsna, make_siim, make_vindr,
 
 from xbench_pl import create_datamodule
 from xbench_pl.data.io import DataError, read_image
+from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.geometry import Preprocess
 
 PRE = Preprocess(size=16)
@@ -83,7 +83,7 @@ def test_truncated_png_and_corrupt_jpeg(tmp_path):
 
 def test_truncated_png_in_a_dataset_is_skipped_and_counted(tmp_path):
     root = tmp_path / "demo"
-    shutil.copytree(resources.files("xbench_pl.data") / "assets" / "demo", root)
+    shutil.copytree(ensure_demo() / "nih", root)  # the synthetic demo, NIH format
     victim = sorted((root / "images").glob("*.png"))[0]
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     dm = datamodule("nih_bbox", root, "skip")
@@ -176,7 +176,7 @@ def test_data_error_pickles_and_survives_dataloader_workers(tmp_path):
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is DataError and str(again) == str(error) and again.problem == error.problem
     root = tmp_path / "demo"
-    shutil.copytree(resources.files("xbench_pl.data") / "assets" / "demo", root)
+    shutil.copytree(ensure_demo() / "nih", root)  # the synthetic demo, NIH format
     victim = sorted((root / "images").glob("*.png"))[0]
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # header intact: passes setup in raise mode
     dm = create_datamodule("nih_bbox", root=str(root), preprocess=PRE, eval_size=8, num_workers=1, batch_size=12)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import metric_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
 
 @pytest.mark.parametrize("images", [11, 1], ids=["odd split", "a rank without images"])
 def test_one_and_two_process_ddp_give_identical_metrics(tmp_path, images):
-    ids = sorted(p.name for p in (REPO / "xbench_pl/data/assets/demo/images").glob("*.png"))[:images]
+    ids = sorted(r.image_id for r in DemoDataModule().load_records())[:images]  # the synthetic demo's boxed images
     split = tmp_path / "split.csv"
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),

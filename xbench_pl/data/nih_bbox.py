@@ -1,4 +1,4 @@
-"""NIH ChestX-ray14 boxes (``BBox_List_2017.csv``) and the shipped real ``demo`` subset.
+"""NIH ChestX-ray14 boxes (``BBox_List_2017.csv``), and the synthetic ``demo`` in the same format.
 
 Layout as downloaded (NIH box folder or Kaggle ``nih-chest-xrays/data``)::
 
@@ -31,7 +31,6 @@ duplicate row is dropped; both corrections are always recorded in ``problems``, 
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +39,7 @@ import pandas as pd
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
+from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 BOX_TABLE = "BBox_List_2017.csv"
@@ -157,15 +157,26 @@ class NIHBoxDataModule(XBenchDataModule):
 
 
 class DemoDataModule(NIHBoxDataModule):
-    """The 12 real NIH ChestX-ray14 images with radiologist boxes, shipped in the package.
+    """The synthetic demo in NIH format: phantoms drawn by ``xbench_pl.data.synthetic``.
 
-    Downscaled 1024² -> 512² with boxes halved (original frame = 512²). Labels from the NIH
-    ``Data_Entry_2017_v2020.csv`` rows of these images. 12 images, 12 boxes (Cardiomegaly 3,
-    Nodule 3, Pneumonia 3, Atelectasis 1, Infiltration 1, Mass 1). NIH Clinical Center; cite
-    Wang et al., "ChestX-ray8", CVPR 2017.
+    16 generated 512² images read by the NIH reader: 12 with one lesion each, boxed tightly
+    (Nodule 2, Mass 2, Pleural Effusion 2, Pneumothorax 2, Cardiomegaly, Atelectasis,
+    Infiltration, Pneumonia; boxes from 18 to 184 px wide), and 4 No Finding images in
+    ``Data_Entry`` (``negatives=4`` adds them). Not patient data.
+
+    Args:
+        root: the demo folder; generated there on first use if missing or empty
+            (default: the user cache, see ``synthetic.ensure_demo``).
+        seed: the generator's seed (also the seed of the negatives' sample).
+        **kwargs: ``NIHBoxDataModule`` arguments.
     """
 
     name = "demo"
 
-    def __init__(self, root: str | None = None, **kwargs):
-        super().__init__(root=root or str(resources.files("xbench_pl.data") / "assets" / "demo"), **kwargs)
+    def __init__(self, root: str | None = None, seed: int = 0, **kwargs):
+        super().__init__(root=root, seed=seed, **kwargs)
+        self.demo_root = root
+
+    def load_records(self) -> list[Record]:
+        self.root = ensure_demo(self.demo_root, self.seed) / "nih"
+        return super().load_records()

@@ -36,6 +36,7 @@ from xbench_pl.data.annotations import ImageIndex
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.regions import Mask
+from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import dataset_classes
 
 RLE_TABLE = "train-rle.csv"
@@ -119,3 +120,25 @@ class SIIMPneumothoraxDataModule(XBenchDataModule):
         # a missing ImageId maps to a path that does not exist: setup reports it as a missing image
         dicoms = ImageIndex(self.root, "**/*.dcm", key=attrgetter("stem"))
         return parse_siim_rle(self.root / RLE_TABLE, dicoms.get, self.report)
+
+
+class DemoDicomDataModule(SIIMPneumothoraxDataModule):
+    """The synthetic demo in SIIM format: 6 generated 512² JPEG-Baseline DICOMs read by the SIIM
+    reader, 3 with pneumothorax (one bilateral: two RLE rows) and 3 negatives. Not patient data.
+
+    Args:
+        root: the demo folder; generated there on first use if missing or empty
+            (default: the user cache, see ``synthetic.ensure_demo``).
+        seed: the generator's seed.
+        **kwargs: ``XBenchDataModule`` arguments.
+    """
+
+    name = "demo_dicom"
+
+    def __init__(self, root: str | None = None, seed: int = 0, **kwargs):
+        super().__init__(root=root, **kwargs)
+        self.demo_root, self.seed = root, seed
+
+    def load_records(self) -> list[Record]:
+        self.root = ensure_demo(self.demo_root, self.seed) / "siim"
+        return super().load_records()
