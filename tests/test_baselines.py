@@ -1,6 +1,7 @@
-"""Weight-free baselines: chance for the uniform map, a real prior for location_prior."""
+"""Weight-free baselines: chance for the uniform map, the NIH box statistics for location_prior."""
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -8,8 +9,8 @@ import xbench_pl
 import xbench_pl.models.baselines
 from xbench_pl.data.base import collate
 from xbench_pl.data.io import DataError
-from xbench_pl.models.baselines import demo_image_ids, shipped_box_table
-from xbench_pl.data.nih_bbox import read_box_table
+from xbench_pl.data.nih_bbox import NIH_BOX_CLASSES
+from xbench_pl.models.baselines import box_occupancy, read_prior
 
 
 def run(model, datamodule):
@@ -46,14 +47,25 @@ def test_location_prior_is_the_mean_box_occupancy_of_its_table(tmp_path):
         assert torch.allclose(model.class_map("Mass"), nodule)
 
 
-def test_location_prior_never_sees_the_demo_images():
-    shipped = read_box_table(shipped_box_table())
-    assert len(shipped) == 984 and shipped["image_id"].nunique() == 880
-    demo = set(demo_image_ids())
-    assert len(demo) == 12 and demo <= set(shipped["image_id"])
-    default = xbench_pl.create_model("location_prior")
-    with_demo = xbench_pl.create_model("location_prior", exclude=[])
-    assert not torch.equal(default.class_map("Cardiomegaly"), with_demo.class_map("Cardiomegaly"))
+def test_stored_location_prior_is_the_whole_nih_table(real_cxr):
+    table = real_cxr / "tables" / "BBox_List_2017.csv.gz"  # the public NIH box list (984 boxes, 880 images)
+    stored, recomputed = read_prior(), box_occupancy(table)
+    assert stored.keys() == recomputed.keys() == set(NIH_BOX_CLASSES)
+    for finding, (counts, images) in recomputed.items():
+        assert np.array_equal(stored[finding][0], counts) and stored[finding][1] == images
+    model = xbench_pl.create_model("location_prior")
+    assert torch.equal(model.class_map("Nodule"), xbench_pl.create_model("location_prior", table=str(table)).class_map("Nodule"))
+
+
+def test_stored_location_prior_without_the_table():
+    prior = read_prior()
+    assert set(prior) == set(NIH_BOX_CLASSES) and sum(images for _, images in prior.values()) >= 880
+    assert all(counts.shape == (64, 64) and 0 < counts.max() <= images for counts, images in prior.values())
+    heart = xbench_pl.create_model("location_prior").class_map("Cardiomegaly")
+    row, col = divmod(int(heart.argmax()), 64)
+    assert 32 <= row < 56 and 24 <= col < 48  # where hearts are: lower middle of the 1024² frame
+    with pytest.raises(ValueError, match="pass table="):
+        xbench_pl.create_model("location_prior", grid=32)
 
 
 def test_center_baseline_peaks_in_the_middle_and_beats_nothing_on_scores():
@@ -70,7 +82,7 @@ def test_a_model_emitting_nan_saliency_is_named_with_the_image():
         def class_map(self, name):
             return torch.full((2, 2), float("nan")) if name == "Mass" else torch.ones(2, 2)
 
-    with pytest.raises(ValueError, match=r"Broken gave a saliency map with NaN or inf for image '\d+_000.png' of demo, finding 'Mass'"):
+    with pytest.raises(ValueError, match=r"Broken gave a saliency map with NaN or inf for image 'phantom_\d+.png' of demo, finding 'Mass'"):
         run(Broken(), xbench_pl.create_datamodule("demo"))
 
 
