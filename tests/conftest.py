@@ -13,12 +13,24 @@ import pytest  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+def find_real_cxr() -> tuple[Path | None, list[Path]]:
+    """The real public samples (``XBENCH_REAL_CXR``, else ``shared/data/real_cxr`` beside the
+    clone or one level up), and every place looked at."""
+    candidates = [Path(os.environ["XBENCH_REAL_CXR"])] if os.environ.get("XBENCH_REAL_CXR") else []
+    candidates += [REPO.parent / "shared" / "data" / "real_cxr", REPO.parent.parent / "shared" / "data" / "real_cxr"]
+    return next((path for path in candidates if (path / "README.md").is_file()), None), candidates
+
+
 @pytest.fixture(scope="session")
 def real_cxr() -> Path:
-    """The real public samples in ../shared/data/real_cxr (CI clones the repo with shared/ beside it)."""
-    candidates = [Path(os.environ["XBENCH_REAL_CXR"])] if "XBENCH_REAL_CXR" in os.environ else []
-    candidates += [REPO.parent / "shared" / "data" / "real_cxr", REPO.parent.parent / "shared" / "data" / "real_cxr"]
-    for path in candidates:
-        if (path / "README.md").is_file():
-            return path
-    raise FileNotFoundError(f"real chest X-ray samples not found in {[str(c) for c in candidates]}; set XBENCH_REAL_CXR")
+    """The real public samples, which the repository does not ship (they are not ours to
+    redistribute). Absent (a user's clone): the test is skipped, saying where it looked.
+    Under CI (``CI=true``) absence is a failure, so CI always runs these tests."""
+    path, candidates = find_real_cxr()
+    if path is not None:
+        return path
+    where = ", ".join(str(c) for c in candidates)
+    message = f"real chest X-ray samples not found (looked in {where}; set XBENCH_REAL_CXR to their folder)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message}: CI must run the real-sample tests", pytrace=False)
+    pytest.skip(message)
