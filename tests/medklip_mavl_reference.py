@@ -254,7 +254,7 @@ TEXT_SAMPLES = (
     "Pneumonia is an infection of the lung.",
     "Édema: fluid in the lung, near the heart.",
     "small bright nodules and irregular patches",
-    "a zzqx shadow",
+    "a zzqx shadow §",
     "effusion",
     " ".join(["upper lung zone with small bright patch"] * 10) + ".",
 )
@@ -274,7 +274,7 @@ def vocabulary() -> list[str]:
     for e in ENTITIES:
         words.update(e.replace("_", " ").split())
     words = sorted(w for w in words if w not in chars and not any(ch.isdigit() for ch in w)) + ["covid", "19"]
-    pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"] + [f"##{p}" for p in ("es", "s", "ing", "ed")]
+    pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"] + [f"##{p}" for p in ("es", "ing", "ed")]
     vocab = specials + chars + [w for w in words if w not in chars] + list(_CASED) + pieces
     assert len(vocab) == len(set(vocab))
     return vocab

@@ -274,7 +274,7 @@ def reference_medklip(src: Sources) -> dict:
     maps = mean.reshape(images.shape[0], mean.shape[1], ref.GRID, ref.GRID)
     return {
         "model": "medklip", "seed": 0, "commit": MEDKLIP_COMMIT, "versions": versions(),
-        "entities": list(ref.ENTITIES), "images": images.clone(), "query_book_sum": book.sum(),
+        "entities": list(ref.ENTITIES), "images_sum": images.double().sum(), "query_book_sum": book.double().sum(),
         "image_tokens_mean_std": torch.stack([tokens_.mean(), tokens_.std()]),
         "logits": logits.clone(), "scores": scores.clone(),
         "attn_layers": layers.clone(), "maps": maps.clone(),
@@ -319,17 +319,17 @@ def reference_mavl(src: Sources) -> dict:
     as_grid = lambda w: w.reshape(b, 75, ref.GRID, ref.GRID)  # noqa: E731  (:210)
     return {
         "model": "mavl", "seed": 0, "commit": MAVL_COMMIT, "versions": versions(),
-        "entities": list(ref.ENTITIES), "images": images.clone(), "query_book_sum": book.sum(),
+        "entities": list(ref.ENTITIES), "images_sum": images.double().sum(), "query_book_sum": book.double().sum(),
         "image_tokens_mean_std": torch.stack([local.mean(), local.std()]), "global_feature": global_.clone(),
         "logits": logits.clone(), "scores": scores.clone(), "text_scores": text_scores.clone(),
         "text_logits": pred_global.clone(),
-        "attn_layers_mean": layers_mean.clone(),
+        "attn_layers_mean_image0": layers_mean[0].clone(),
         "maps": as_grid(grouped.mean(2)).clone(),  # mode 'avg' (rsna_mavl.yaml), the default
         "maps_max": as_grid(grouped.max(2)[0]).clone(),
         "maps_global": as_grid(grouped[:, :, 0]).clone(),
         "notes": "scores = softmax(logits)[..., 1] [B,75] (feature mode); text_scores: Zero-shot_classification "
                  "text mode; text_logits [B,9,75] cosines of the global feature with each concept query; "
-                 "attn_layers_mean [B,675,196] = mean of the 4 layers' head-averaged cross-attention (query 9*i+j); "
+                 "attn_layers_mean_image0 [675,196] = for the first image, the mean of the 4 layers' head-averaged cross-attention (query 9*i+j); "
                  "maps = concepts (0,6,7,8) averaged, [B,75,14,14], before their bilinear align_corners=True "
                  "upsampling; maps_max / maps_global = modes 'max' / 'global'",
     }
