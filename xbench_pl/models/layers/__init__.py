@@ -10,13 +10,16 @@
 * ``query_decoder``: ``QueryDecoder``, a DETR-style pre-norm transformer decoder (queries
   self-attend, then cross-attend to patch tokens; no positional encodings) returning the
   decoded queries and every layer's head-averaged cross-attention ``[L, B, Q, N]``.
+* ``pooling``: ``AttentionPool2d`` (CLIP's ResNet attention pooling, MAVL's global branch)
+  -> one global feature per image.
 
 Key names follow the released checkpoints' layouts, so a family's filter function only renames
 prefixes. Nothing here downloads or reads weights.
 """
 
 from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
+from xbench_pl.models.layers.pooling import AttentionPool2d
 from xbench_pl.models.layers.query_decoder import QueryDecoder, QueryDecoderLayer
 from xbench_pl.models.layers.text_encoders import BertModel, BertQueryEncoder
 
-__all__ = ["BertModel", "BertQueryEncoder", "QueryDecoder", "QueryDecoderLayer", "ResNetPatches", "ViTPatches"]
+__all__ = ["AttentionPool2d", "BertModel", "BertQueryEncoder", "QueryDecoder", "QueryDecoderLayer", "ResNetPatches", "ViTPatches"]

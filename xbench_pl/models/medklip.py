@@ -1,0 +1,650 @@
+"""MedKLIP (Wu et al., ICCV 2023) and MAVL (Phan et al., CVPR 2024): knowledge queries decoded
+over ResNet-50 patches, from local files only. One family: MAVL is MedKLIP with 9 queries per
+entity; the variants differ only in data (``xbench_pl/models/configs/{medklip,mavl}.json``).
+
+Architecture (``MediaBrain-SJTU/MedKLIP`` @ 8e60b035, ``Sample_zero-shot_Classification_CXR14/
+models/model_MedKLIP.py``, ``models/transformer.py``; ``HieuPhan33/MAVL`` @ 15970307,
+``Zero-shot_grounding/models/model_MAVL.py``): ResNet-50 to layer3 (224 px -> 14 x 14 tokens of
+1024 channels, row-major); each token through ``Linear -> ReLU -> Linear(256)`` (MedKLIP) or
+``Conv1x1 -> PReLU -> Conv1x1(256)`` (MAVL); no positional encoding. Queries: Bio_ClinicalBERT
+[CLS] vectors of knowledge sentences through ``Linear(768, 256)``; a 4-layer, 4-head, pre-norm
+DETR decoder (d 256, FFN 1024, queries self-attend) with a final LayerNorm; a ``Linear(256, 2)``
+head per query (MedKLIP) or ``Linear(9 * 256, 2)`` over the 9 concatenated concept outputs of
+an entity (MAVL). MAVL also has CLIP's ``AttentionPool2d`` global branch (``pool``), used only by
+``score_mode="text"``; it is built so that the released files load strictly and both score modes
+of the authors' classification script are available.
+
+Weights: the released ``checkpoint_final.pth`` (MedKLIP) and ``checkpoint_full_40.pth`` /
+``checkpoint_full_46.pth`` (MAVL), read with ``weights_only=True``: a dict ``{model, optimizer,
+lr_scheduler, config, epoch}`` whose ``model`` keys carry DataParallel's ``module.`` prefix
+(a bare state dict is accepted too). ``checkpoint_filter_fn`` strips ``module.`` and renames by
+the class's ``RENAMES`` table (``res_features.{0,1,4,5,6}`` / ``backbone.*`` -> ``image.conv1`` ...,
+``res_l1``/``res_l2`` -> ``project.*``). Declared unused keys (``IGNORE_UNEXPECTED``): MedKLIP's
+``cl_fc`` (training-only contrastive head), MAVL's ``temp`` (dropped by the authors' loader too)
+and ``location_emb`` (pretraining loss only). Everything else loads strictly. BERT is not in
+these checkpoints: the authors build the query book in ``__init__`` from a local BERT.
+
+Knowledge (``knowledge=FILE`` or a list of files; the user's copies of the authors' release,
+never shipped here): JSON files whose string values are descriptions and list values are MAVL's
+aspect sentences. MedKLIP reads its 75 base descriptions from the first file **in file order**
+(as their test code does; their file spells the pneumonia key "eumonia", accepted); MAVL reads
+descriptions and aspects **by entity key** (MAVL's ``observation explanation.json`` and
+``Pretrain/concept_gen/gpt4_mimic.json``; 8 aspects per entity). Later files (or later keys)
+only add descriptions/aspects for findings outside the 75 entities.
+
+Queries: the 75 entities (MedKLIP: 75 descriptions; MAVL: 75 x (description + 8 aspects) =
+675 concepts, disease-major) are always decoded together, as their scripts do; a requested
+finding is mapped to its entity by the config's ``findings`` table (``Fibrosis`` ->
+``tail_abnorm_obs``, ``Pleural Effusion`` -> ``effusion`` ..., overridable with
+``entities={finding: key}``); a finding with no entity is appended (request order) with the
+description (and, for MAVL, 8 aspects) stored under its key in the knowledge files, as the
+authors' ``Zero-shot_classification/test.py`` extends ``original_class``. Scores of the 75 thus
+depend on the appended queries (self-attention).
+
+Text: tokenised by the Bio_ClinicalBERT folder's ``vocab.txt`` (``text_encoder=DIR``) as the
+authors' tokenizer does: lower-cased and accent-stripped unless the folder's
+``tokenizer_config.json`` says otherwise (Bio_ClinicalBERT ships none), ``[CLS]`` + the first 63
+word pieces, **no** ``[SEP]``, padded to 64; BERT is called with ids and mask only, and the
+query is the [CLS] vector of the last hidden state. Embeddings are cached on disk keyed by
+(text encoder, max length, texts) in ``query_cache`` (default ``$XBENCH_CACHE_DIR/
+query_embeddings`` or ``~/.cache/xbench_pl/query_embeddings``), so BERT is loaded only when texts
+are new. ``query_embeddings=FILE`` supplies precomputed rows (the cache's file format,
+``save_query_embeddings``): its texts are used as is, only others need the text encoder.
+
+Score: ``softmax(head)[..., 1]`` at the finding's query (MAVL ``score_mode="feature"``, the
+default); MAVL ``score_mode="text"``: cosines of the pooled global feature with every concept
+query, softmax against the "normal" and "clear" anchors' cosines, averaged over anchors and the
+9 concepts. Saliency: the cross-attention of the 4 decoder layers averaged (heads averaged),
+MAVL then averages concepts 0, 6, 7, 8 (description, patterns, shape, texture; config
+``map_concepts``, ``map_reduce``), on the native 14 x 14 grid spanning the 224 px input. The
+authors upsample (MedKLIP nearest x16, MAVL bilinear ``align_corners=True``); here the
+benchmark's own warp to the evaluation grid replaces both. Preprocessing as their datasets:
+bilinear (PIL, antialiased) squash to 224, ImageNet mean/std.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from xbench_pl.geometry import Preprocess
+from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
+from xbench_pl.models.checkpoints import CheckpointError, drop_aliases, guess_layout, load_weights, read_checkpoint
+from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
+RANDOM_INIT_SEED = 0  # random_init weights are drawn from this seed (same model on every rank)
+CACHE_FORMAT = 1
+CACHE_ENV = "XBENCH_CACHE_DIR"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TEXT_ENCODER_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_ClinicalBERT (text_encoder=DIR with "
+                     "config.json, vocab.txt and model.safetensors or pytorch_model.bin)")
+
+
+# -- architecture configs ------------------------------------------------------------------------
+def read_architecture(architecture: str) -> dict:
+    """The architecture dict of a shipped name (``medklip``, ``mavl``) or a JSON file."""
+    path = Path(architecture).expanduser()
+    if path.suffix != ".json":
+        path = SHIPPED_CONFIGS / f"{architecture}.json"
+        if not path.is_file():
+            shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json") if '"family"' in p.read_text())
+            raise ValueError(f"unknown architecture {architecture!r}: not a shipped MedKLIP-family config {shipped} or a JSON file")
+    if not path.is_file():
+        raise FileNotFoundError(f"architecture config not found: {path}")
+    config = json.loads(path.read_text())
+    needed = ("image", "projection", "text", "decoder", "concepts", "entities", "findings", "preprocess")
+    missing = [k for k in needed if k not in config]
+    if missing:
+        raise ValueError(f"architecture config {path} lacks {missing}")
+    return config
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+def family_of(keys) -> str:
+    """Which family a (``module.``-stripped) state dict looks like: ``"medklip"``, ``"mavl"``, or a
+    hint for other layouts (``guess_layout``), or ``""``."""
+    keys = set(keys)
+    if any(k.startswith(("backbone.", "location_emb.")) for k in keys) or "temp" in keys:
+        return "mavl"
+    if any(k.startswith("cl_fc.") for k in keys) or (any(k.startswith("res_features.") for k in keys) and "res_l1.weight" in keys):
+        return "medklip"
+    return guess_layout(keys).removeprefix(": ")
+
+
+def checkpoint_filter_fn(checkpoint: object, model: "MedKLIP", source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """A released MedKLIP / MAVL file -> this model's state dict keys (the model is untouched).
+
+    ``{model: state dict, optimizer, ...}`` (the training scripts' layout) or a bare state dict;
+    DataParallel's ``module.`` prefix is stripped, then ``model.RENAMES`` (prefix -> prefix)."""
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {source} holds a {type(checkpoint).__name__}, not the dict "
+                              f"{{model, optimizer, ...}} of a released {model.LAYOUT} checkpoint")
+    if {"image_encoder", "text_encoder"} & checkpoint.keys():
+        raise CheckpointError(f"checkpoint {source} is a KAD-style checkpoint (entries {sorted(map(str, checkpoint))[:8]}), "
+                              f"not {model.LAYOUT}'s {model.RELEASED}: use --model kad (or devide)")
+    state = checkpoint.get("model", checkpoint)
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        entries = sorted(map(str, checkpoint))[:12]
+        raise CheckpointError(f"checkpoint {source} is not a {model.LAYOUT} checkpoint: expected a dict with a 'model' "
+                              f"state dict (the authors' {model.RELEASED}) or a state dict; it holds entries {entries}")
+    if all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    state = drop_aliases(state, model.ALIASES, source)
+    return {model.rename(k): v for k, v in state.items()}
+
+
+# -- knowledge files ----------------------------------------------------------------------------------
+def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, str], dict[str, list[str]], dict[str, Path]]:
+    """``(first file's (key, description) pairs in file order, descriptions by key, aspects by key,
+    file of each key)``; the first file defining a key wins."""
+    first: list[tuple[str, str]] = []
+    descriptions: dict[str, str] = {}
+    aspects: dict[str, list[str]] = {}
+    origin: dict[str, Path] = {}
+    for index, path in enumerate(files):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"knowledge file {path} is not readable JSON ({type(error).__name__}: {error}); expected the "
+                             "authors' observation explanation.json or gpt4_mimic.json") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"knowledge file {path} holds a {type(data).__name__}, not a JSON object of entity -> text")
+        for key, value in data.items():
+            if isinstance(value, str):
+                if index == 0:
+                    first.append((key, value))
+                descriptions.setdefault(key, value)
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                aspects.setdefault(key, value)
+            else:
+                raise ValueError(f"knowledge file {path}, key {key!r}: a {type(value).__name__}, not a description "
+                                 "string or a list of aspect sentences")
+            origin.setdefault(key, path)
+    return first, descriptions, aspects, origin
+
+
+def as_files(value: str | list[str] | tuple[str, ...] | None, what: str, hint: str) -> list[Path]:
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        raise FileNotFoundError(f"{what} is required: {hint}")
+    paths = [Path(v).expanduser() for v in ([value] if isinstance(value, (str, Path)) else value)]
+    for path in paths:
+        if str(path).startswith(("http:", "https:", "hf-hub:")):
+            raise ValueError(f"{what}={path} would download; nothing is downloaded here. Give {hint}")
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} file not found: {path} ({'not a file' if path.exists() else 'no such file'}); "
+                                    f"expected {hint}")
+    return paths
+
+
+# -- text encoder (Bio_ClinicalBERT from a local folder) -----------------------------------------------------
+def text_encoder_folder(value: str | None) -> Path:
+    if value is not None and str(value).startswith(("http://", "https://", "hf-hub:")):
+        raise ValueError(f"text_encoder={value!r} would download; nothing is downloaded here. Give {TEXT_ENCODER_HINT}")
+    path = None if value is None else Path(value).expanduser()
+    if path is None or not path.is_dir():
+        raise FileNotFoundError(f"the query book needs {TEXT_ENCODER_HINT}; got text_encoder={value!r}"
+                                + ("" if path is None else " (no such folder)"))
+    missing = [name for name in ("config.json", "vocab.txt") if not (path / name).is_file()]
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        missing.append(" or ".join(WEIGHT_FILES))
+    if missing:
+        present = sorted(p.name for p in path.iterdir())[:12]
+        raise FileNotFoundError(f"text encoder folder {path} lacks {missing} (holds {present}); it needs {TEXT_ENCODER_HINT}")
+    return path
+
+
+def fingerprint(folder: Path) -> str:
+    """Identity of a text encoder folder for the query cache: the contents of its small files
+    (config, vocabulary, tokenizer settings) and the name, size and mtime of its weights file."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<absent>") + b"\0")
+    weights = next(folder / n for n in WEIGHT_FILES if (folder / n).is_file())
+    stat = weights.stat()
+    digest.update(f"{weights.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:24]
+
+
+def read_bert_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A Hugging Face BERT weights file as ``BertModel`` keys: ``bert.`` prefix removed (pretraining
+    heads ``cls.*`` kept, then ignored), TF-era ``gamma``/``beta`` renamed ``weight``/``bias``."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device="cpu")
+    else:
+        state = read_checkpoint(path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"text encoder weights {path} hold a {type(state).__name__}, not a BERT state dict")
+    if any(k.startswith("bert.") for k in state):
+        state = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in state.items()}
+    return {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)): v
+            for k, v in state.items()}
+
+
+class TextEncoder:
+    """Bio_ClinicalBERT queries as the authors embed them: ``[CLS]`` + word pieces (no ``[SEP]``),
+    padded to ``max_length``, BERT's last hidden state at [CLS]. Not a submodule of the model (its
+    weights are not in the released checkpoints); loaded on first use."""
+
+    IGNORE_UNEXPECTED = (r"^cls\.", r"^pooler\.")  # pretraining heads and pooler: the [CLS] state is used
+
+    def __init__(self, folder: Path, max_length: int):
+        self.folder, self.max_length = folder, max_length
+        self.fingerprint = fingerprint(folder)
+        self._tokenizer = None
+        self._bert: BertModel | None = None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            import transformers
+
+            # do_lower_case as the folder says; BertTokenizer's default (True) when it has no tokenizer_config.json,
+            # which is what the authors' copy of BertTokenizer does with Bio_ClinicalBERT
+            self._tokenizer = transformers.BertTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        return self._tokenizer
+
+    def tokenize(self, texts: list[str] | tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """``input_ids`` and ``attention_mask`` ``[N, max_length]``: [CLS] + the first ``max_length - 1``
+        pieces, then [PAD] (the authors' ``build_inputs_with_special_tokens`` adds no [SEP])."""
+        tokenizer = self.tokenizer
+        pieces = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=self.max_length - 1)["input_ids"]
+        ids = torch.full((len(pieces), self.max_length), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(pieces), self.max_length), dtype=torch.long)
+        for row, p in enumerate(pieces):
+            ids[row, 0] = tokenizer.cls_token_id
+            ids[row, 1:1 + len(p)] = torch.tensor(p, dtype=torch.long)
+            mask[row, :1 + len(p)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def bert(self) -> BertModel:
+        if self._bert is None:
+            bert = BertModel.from_config_file(self.folder / "config.json", add_pooling_layer=False)
+            if len(self.tokenizer) > bert.embeddings.word_embeddings.num_embeddings:
+                raise ValueError(f"text encoder {self.folder}: vocab.txt has {len(self.tokenizer)} tokens, more than "
+                                 f"config.json's vocab_size ({bert.embeddings.word_embeddings.num_embeddings})")
+            if bert.embeddings.position_embeddings.num_embeddings < self.max_length:
+                raise ValueError(f"text encoder {self.folder}: max_position_embeddings < the query length {self.max_length}")
+            weights = next(self.folder / n for n in WEIGHT_FILES if (self.folder / n).is_file())
+            load_weights(bert, read_bert_weights(weights), str(weights), self.IGNORE_UNEXPECTED,
+                         f"expected the BERT weights of {TEXT_ENCODER_HINT}")
+            self._bert = bert.eval()
+        return self._bert
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], device: torch.device, batch: int = 128) -> torch.Tensor:
+        bert = self.bert().to(device)
+        tokens = self.tokenize(texts)
+        out = []
+        with torch.autocast(device.type, enabled=False):
+            for start in range(0, len(texts), batch):
+                hidden, _ = bert(tokens["input_ids"][start:start + batch].to(device),
+                                 tokens["attention_mask"][start:start + batch].to(device))
+                out.append(hidden[:, 0].float())
+        return torch.cat(out).cpu()
+
+
+def save_query_embeddings(path: str | Path, texts: list[str] | tuple[str, ...], embeddings: torch.Tensor,
+                          text_encoder: str = "", max_length: int = 64) -> Path:
+    """Write a query-embedding file (the on-disk cache's format): ``texts`` and their ``[N, D]``
+    embeddings, one row per text. Pass it as ``query_embeddings=FILE`` to use these rows instead of
+    running the text encoder (e.g. a book computed once elsewhere)."""
+    embeddings = torch.as_tensor(embeddings).detach().float().cpu()
+    if embeddings.dim() != 2 or embeddings.shape[0] != len(texts):
+        raise ValueError(f"embeddings {tuple(embeddings.shape)} do not give one row per text ({len(texts)} texts)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    torch.save({"format": CACHE_FORMAT, "text_encoder": text_encoder, "max_length": max_length, "texts": list(texts),
+                "embeddings": embeddings.contiguous()}, partial)
+    os.replace(partial, path)  # atomic: concurrent ranks never read half a file
+    return path
+
+
+def read_query_embeddings(path: Path) -> dict:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"query embeddings file {path} is not readable ({type(error).__name__}: {error}); "
+                         "write it with xbench_pl.models.medklip.save_query_embeddings") from error
+    ok = (isinstance(data, dict) and isinstance(data.get("texts"), list) and isinstance(data.get("embeddings"), torch.Tensor)
+          and data["embeddings"].dim() == 2 and data["embeddings"].shape[0] == len(data["texts"]))
+    if not ok:
+        raise ValueError(f"query embeddings file {path} is not a {{texts, embeddings [N, D]}} file with one row per text; "
+                         "write it with xbench_pl.models.medklip.save_query_embeddings")
+    return data
+
+
+def default_query_cache() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) / "query_embeddings" if root else Path.home() / ".cache" / "xbench_pl" / "query_embeddings"
+
+
+# -- the models ----------------------------------------------------------------------------------------
+class MedKLIP(ZeroShotModel):
+    """MedKLIP; see the module docstring.
+
+    Args:
+        architecture: shipped config name (``medklip``) or a JSON file.
+        checkpoint: the released ``checkpoint_final.pth`` (required unless ``random_init``).
+        knowledge: the user's copy of the authors' ``observation explanation.json`` (75 entities,
+            read in file order); more files add descriptions of findings outside the 75.
+        text_encoder: local Bio_ClinicalBERT folder (needed unless every query text is in
+            ``query_embeddings`` or the on-disk cache).
+        query_embeddings: a precomputed query-embedding file (``save_query_embeddings``).
+        query_cache: folder of the on-disk query-embedding cache (default: see the module docstring).
+        entities: ``{finding: entity key}`` overriding the config's ``findings`` table.
+        random_init: allow running without weights (smoke tests; reports say so).
+        **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
+    """
+
+    IGNORE_UNEXPECTED = (r"^cl_fc\.",)  # contrastive location head of pretraining (PreTrain_MedKLIP only)
+    ALIASES: dict[str, str] = {}
+    RENAMES = (*((f"res_features.{i}.", f"image.{name}.") for i, name in RESNET_CHILDREN.items()),
+               ("res_l1.", "project.0."), ("res_l2.", "project.2."))
+    LAYOUT = "MedKLIP"
+    RELEASED = "checkpoint_final.pth"
+    KNOWLEDGE_HINT = ("the user's copy of MedKLIP's 'observation explanation.json' (MediaBrain-SJTU/MedKLIP, "
+                      "PreTrain_MedKLIP/data_file/; 75 entity descriptions) as knowledge=FILE")
+
+    def __init__(
+        self,
+        architecture: str = "medklip",
+        checkpoint: str | None = None,
+        knowledge: str | list[str] | None = None,
+        text_encoder: str | None = None,
+        query_embeddings: str | None = None,
+        query_cache: str | None = None,
+        entities: dict[str, str] | None = None,
+        random_init: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = type(self).__name__
+        if checkpoint is None and not random_init:
+            raise ValueError(f"{name}({architecture!r}) needs checkpoint=: a local copy of the authors' {self.RELEASED}")
+        checkpoint_file = None if checkpoint is None else as_files(checkpoint, "checkpoint", f"the authors' {self.RELEASED}")[0]
+        config = read_architecture(architecture)
+        self.architecture = architecture
+        self.config = config
+        self.concepts = tuple(config["concepts"])
+        self.base_entities = tuple(config["entities"])
+        self.findings = {**config["findings"], **(entities or {})}
+        self.attn_layers = list(config.get("attn_layers", [-1]))
+        self.map_concepts = list(config.get("map_concepts", [0]))
+        self.map_reduce = config.get("map_reduce", "mean")
+        if self.map_reduce not in ("mean", "max"):
+            raise ValueError(f"architecture {architecture!r}: map_reduce must be 'mean' or 'max', got {self.map_reduce!r}")
+        self.max_length = int(config["text"].get("max_length", 64))
+        self.read_knowledge(as_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
+
+        self.precomputed = None if query_embeddings is None else read_query_embeddings(as_files(
+            query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings")[0])
+        if text_encoder is None and self.precomputed is None:
+            text_encoder_folder(None)  # raises, naming what is needed
+        self.text_encoder = None if text_encoder is None else TextEncoder(text_encoder_folder(text_encoder), self.max_length)
+        self.query_cache = Path(query_cache).expanduser() if query_cache else default_query_cache()
+
+        if checkpoint_file is None:  # the same random weights on every rank and run: smoke runs are reproducible
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(RANDOM_INIT_SEED)
+                self.build(config)
+        else:
+            self.build(config)
+        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        self._query_cache: dict[tuple, torch.Tensor] = {}
+
+        if checkpoint_file is not None:
+            self.load_checkpoint(checkpoint_file)
+        else:
+            self.warn_random_weights()
+        self.eval()
+
+    # -- architecture ----------------------------------------------------------------------------
+    def build(self, config: dict) -> None:
+        """The towers, decoder and head of ``config``, with random weights."""
+        if config["image"].get("type") != "resnet":
+            raise ValueError(f"architecture {self.architecture!r}: the MedKLIP family uses image type 'resnet'")
+        self.image = ResNetPatches(stage=config["image"]["stage"])
+        projection = config["projection"]
+        hidden, width = projection["widths"]
+        if projection["type"] == "linear_relu":  # MedKLIP: res_l1 -> ReLU -> res_l2 on each token
+            self.project = nn.Sequential(nn.Linear(self.image.channels, hidden), nn.ReLU(), nn.Linear(hidden, width))
+        elif projection["type"] == "conv1x1_prelu":  # MAVL: Conv1x1 -> PReLU -> Conv1x1 on the feature map
+            self.project = nn.Sequential(nn.Conv2d(self.image.channels, hidden, 1), nn.PReLU(), nn.Conv2d(hidden, width, 1))
+        else:
+            raise ValueError(f"architecture {self.architecture!r}: unknown projection type {projection['type']!r} "
+                             "(linear_relu, conv1x1_prelu)")
+        if "pool" in config:
+            pool = config["pool"]
+            self.pool = AttentionPool2d(pool["grid"], self.image.channels, pool["heads"], pool["out"])
+        self.disease_embedding_layer = nn.Linear(int(config["text"]["width"]), config["decoder"]["d_model"])
+        self.decoder = QueryDecoder(**config["decoder"])
+        self.classifier = nn.Linear(config["decoder"]["d_model"] * len(self.concepts), 2)
+
+    def project_tokens(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Patch tokens ``[B, N, 1024]`` -> decoder memory ``[B, N, 256]`` (row-major)."""
+        if isinstance(self.project[0], nn.Conv2d):
+            feature_map = tokens.transpose(1, 2).unflatten(2, grid)
+            return self.project(feature_map).flatten(2).transpose(1, 2)
+        return self.project(tokens)
+
+    # -- weights ---------------------------------------------------------------------------------
+    @classmethod
+    def rename(cls, key: str) -> str:
+        for old, new in cls.RENAMES:
+            if key.startswith(old):
+                return new + key[len(old):]
+        return key
+
+    def load_checkpoint(self, path: Path) -> None:
+        checkpoint = read_checkpoint(path)
+        state = checkpoint_filter_fn(checkpoint, self, str(path))
+        found = family_of(k.removeprefix("module.") for k in checkpoint.get("model", checkpoint))
+        if found in ("medklip", "mavl") and found != self.LAYOUT.lower():
+            layouts = {"medklip": "MedKLIP (res_features.*, Linear res_l1, cl_fc)", "mavl": "MAVL (backbone.*, pool, location_emb, temp)"}
+            hint = f"this is a {layouts[found]} checkpoint: use --model {found}"
+        else:
+            hint = found or f"expected the authors' {self.RELEASED}"
+        load_weights(self, state, str(path), self.IGNORE_UNEXPECTED, hint)
+
+    # -- knowledge and queries ---------------------------------------------------------------------
+    def read_knowledge(self, files: list[Path]) -> None:
+        self.knowledge_files = files
+        self.file_order, self.descriptions, self.aspects, self.knowledge_origin = read_knowledge(files)
+        if self.config.get("file_order"):
+            self.check_file_order()
+
+    def check_file_order(self) -> None:
+        """MedKLIP reads the first file's values in order: its keys must be the 75 entities in order."""
+        spellings = self.config.get("key_spellings", {})
+        keys = [key for key, _ in self.file_order]
+        if len(keys) < len(self.base_entities):
+            raise ValueError(f"knowledge file {self.knowledge_files[0]} has {len(keys)} descriptions; MedKLIP reads the "
+                             f"{len(self.base_entities)} entity descriptions of its 'observation explanation.json' in file "
+                             f"order. Expected {self.KNOWLEDGE_HINT}")
+        for position, (entity, key) in enumerate(zip(self.base_entities, keys)):
+            if key not in spellings.get(entity, [entity]):
+                raise ValueError(f"knowledge file {self.knowledge_files[0]}: key {position} is {key!r}, expected entity "
+                                 f"{entity!r} (MedKLIP reads the descriptions in file order, which must be the authors' entity "
+                                 f"order: {', '.join(self.base_entities[:4])}, ...). Expected {self.KNOWLEDGE_HINT}")
+
+    def entity_of(self, finding: str) -> str:
+        return self.findings.get(finding, finding.lower())
+
+    def query_entities(self, classes: list[str]) -> tuple[tuple[str, ...], list[int]]:
+        """The entities decoded together for ``classes`` (the 75, then unseen ones in request order)
+        and, per class, the index of its entity."""
+        requested = [self.entity_of(c) for c in classes]
+        decoded = list(dict.fromkeys([*self.base_entities, *requested]))
+        return tuple(decoded), [decoded.index(e) for e in requested]
+
+    def texts_of(self, entities: tuple[str, ...], classes: list[str] | None = None) -> tuple[str, ...]:
+        """Query texts of ``entities`` in decoder order: MedKLIP one description per entity (the 75
+        base ones in the first knowledge file's order, others by key)."""
+        base = len(self.base_entities)
+        texts = [text for _, text in self.file_order[:base]] if entities[:base] == self.base_entities else []
+        missing = [e for e in entities[len(texts):] if e not in self.descriptions]
+        if missing:
+            raise self.knowledge_error(missing, "a description", classes)
+        return tuple(texts + [self.descriptions[e] for e in entities[len(texts):]])
+
+    def knowledge_error(self, missing: list[str], what: str, classes: list[str] | None) -> ValueError:
+        by_entity = {self.entity_of(c): c for c in (classes or [])}
+        named = ", ".join(f"{by_entity[e]!r} (key {e!r})" if e in by_entity else repr(e) for e in missing)
+        files = ", ".join(str(f) for f in self.knowledge_files)
+        return ValueError(f"{type(self).__name__}: no {what} for {named} in the knowledge files ({files}). A finding outside "
+                          f"the {len(self.base_entities)} entities is decoded as one more query, from {what} stored under its "
+                          "key, as the authors' Zero-shot_classification/test.py does: add a knowledge file holding it "
+                          "(e.g. their observation explanation_padchest_rare.json), or map the finding to an entity with "
+                          "entities={finding: key}")
+
+    def query_texts(self, classes: list[str]) -> tuple[tuple[str, ...], list[int]]:
+        """The texts decoded together for ``classes`` and, per class, the index of its entity."""
+        entities, index = self.query_entities(classes)
+        return self.texts_of(entities, classes), index
+
+    def cache_file(self, texts: tuple[str, ...]) -> Path:
+        digest = hashlib.sha256(json.dumps([CACHE_FORMAT, self.text_encoder.fingerprint, self.max_length, list(texts)]).encode())
+        return self.query_cache / f"{digest.hexdigest()[:32]}.pt"
+
+    def embed_texts(self, texts: tuple[str, ...]) -> torch.Tensor:
+        """``[Q, 768]`` text-encoder embeddings: precomputed rows, else the disk cache, else BERT."""
+        if self.precomputed is not None:
+            known = self.precomputed["texts"]
+            if list(texts) == known:
+                return self.precomputed["embeddings"].float()
+            rows = {t: i for i, t in reversed(list(enumerate(known)))}
+            if all(t in rows for t in texts):
+                return self.precomputed["embeddings"][[rows[t] for t in texts]].float()
+            if self.text_encoder is None:
+                absent = [t for t in texts if t not in rows]
+                raise ValueError(f"{len(absent)} query texts are not in query_embeddings file and no text_encoder=DIR is "
+                                 f"given to embed them (first: {absent[0][:80]!r}); give {TEXT_ENCODER_HINT}")
+        cached = self.cache_file(texts)
+        if cached.is_file():
+            try:
+                data = read_query_embeddings(cached)
+                if data["texts"] == list(texts):
+                    return data["embeddings"].float()
+            except ValueError:
+                pass  # a damaged cache file is recomputed and replaced
+        embeddings = self.text_encoder.embed(list(texts), self.device)
+        try:
+            save_query_embeddings(cached, texts, embeddings, self.text_encoder.fingerprint, self.max_length)
+        except OSError:
+            pass  # a read-only cache folder only costs recomputation
+        return embeddings
+
+    @torch.no_grad()
+    def query_embeddings(self, texts: tuple[str, ...]) -> torch.Tensor:
+        """``[Q, 768]`` query embeddings on the model's device, kept per (texts, device)."""
+        key = (tuple(texts), str(self.device))
+        if key not in self._query_cache:
+            self._query_cache[key] = self.embed_texts(tuple(texts)).to(self.device)
+        return self._query_cache[key]
+
+    # -- inference -------------------------------------------------------------------------------
+    def decode(self, images: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Image -> tokens -> decoder -> head. ``logits [B, n, 2]`` (n entities), ``attn [L, B, Q, N]``
+        (Q = n x concepts, entity-major), ``tokens`` (backbone), ``queries [Q, 256]``, ``grid``."""
+        tokens, grid = self.image(images)
+        queries = self.disease_embedding_layer(book.to(tokens.dtype))
+        out, attn = self.decoder(queries, self.project_tokens(tokens, grid))
+        logits = self.classifier(out.flatten(1).unflatten(1, (-1, len(self.concepts) * out.shape[-1])))
+        return {"logits": logits, "attn": attn, "tokens": tokens, "queries": queries, "grid": grid}
+
+    def saliency(self, attn: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``attn [L, B, Q, N]`` -> ``[B, n, h, w]``: layers averaged, then the map concepts reduced."""
+        maps = attn[self.attn_layers].float().mean(dim=0)
+        maps = maps.unflatten(1, (-1, len(self.concepts)))[:, :, self.map_concepts]
+        maps = maps.mean(dim=2) if self.map_reduce == "mean" else maps.amax(dim=2)
+        return maps.unflatten(-1, grid)
+
+    def scores(self, decoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        return decoded["logits"].float().softmax(dim=-1)[..., 1]
+
+    @torch.no_grad()
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        texts, index = self.query_texts(classes)
+        decoded = self.decode(images, self.query_embeddings(texts))
+        index = torch.tensor(index, device=images.device)
+        scores = self.scores(decoded).index_select(1, index)
+        maps = self.saliency(decoded["attn"], decoded["grid"]).index_select(1, index)
+        return ZeroShotOutput(scores=scores, saliency=maps)
+
+
+class MAVL(MedKLIP):
+    """MAVL; see the module docstring. Arguments as ``MedKLIP``, plus:
+
+    Args:
+        knowledge: the user's copies of MAVL's ``observation explanation.json`` and
+            ``gpt4_mimic.json`` (descriptions and 8 aspect sentences per entity, read by key);
+            more files add findings outside the 75 entities.
+        score_mode: ``"feature"`` (the decoder head, default) or ``"text"`` (cosines of the pooled
+            global feature with the concept queries against the normal/clear anchors).
+    """
+
+    IGNORE_UNEXPECTED = (
+        r"^temp$",            # learned temperatures of pretraining; their test loader drops them too
+        r"^location_emb\.",   # Conv1d location embedding of the pretraining loss, unused by scores and maps
+    )
+    RENAMES = (*((f"backbone.{i}.", f"image.{name}.") for i, name in RESNET_CHILDREN.items()),
+               ("res_l1.0.", "project.0."), ("res_l1.1.", "project.1."), ("res_l2.", "project.2."))
+    LAYOUT = "MAVL"
+    RELEASED = "checkpoint_full_40.pth or checkpoint_full_46.pth"
+    KNOWLEDGE_HINT = ("the user's copies of MAVL's 'observation explanation.json' (HieuPhan33/MAVL, Zero-shot_grounding/) and "
+                      "'gpt4_mimic.json' (Pretrain/concept_gen/) as knowledge=[FILE, FILE]")
+    SCORE_MODES = ("feature", "text")
+
+    def __init__(self, architecture: str = "mavl", *args, score_mode: str = "feature", **kwargs):
+        if score_mode not in self.SCORE_MODES:
+            raise ValueError(f"score_mode must be one of {self.SCORE_MODES}, got {score_mode!r}")
+        self.score_mode = score_mode
+        super().__init__(architecture, *args, **kwargs)
+
+    def texts_of(self, entities: tuple[str, ...], classes: list[str] | None = None) -> tuple[str, ...]:
+        """Per entity, by key: its description then its aspect sentences (query ``9 i + j``)."""
+        aspects = len(self.concepts) - 1
+        missing = [e for e in entities if e not in self.descriptions]
+        if missing:
+            raise self.knowledge_error(missing, "a description", classes)
+        missing = [e for e in entities if e not in self.aspects]
+        if missing:
+            raise self.knowledge_error(missing, f"{aspects} aspect sentences (gpt4_mimic.json)", classes)
+        wrong = [f"{e!r} has {len(self.aspects[e])} ({self.knowledge_origin[e]})" for e in entities if len(self.aspects[e]) != aspects]
+        if wrong:
+            raise ValueError(f"MAVL needs exactly {aspects} aspect sentences per entity (the model groups "
+                             f"{len(self.concepts)} queries per entity): {', '.join(wrong)}")
+        return tuple(t for e in entities for t in (self.descriptions[e], *self.aspects[e]))
+
+    def scores(self, decoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.score_mode == "feature":
+            return super().scores(decoded)
+        return self.text_scores(decoded)
+
+    def text_scores(self, decoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``score_mode="text"``: ``[B, n]``, the mean over the anchors and the concepts of
+        ``softmax([cos(anchor_k), cos(entity_k)])[1]``; cosines of the pooled global feature."""
+        cosines = self.text_logits(decoded)  # [B, concepts, n]
+        probs = []
+        for anchor in self.config.get("anchors", ["normal", "clear"]):
+            column = cosines[:, :, [self.base_entities.index(anchor)]].expand_as(cosines)
+            probs.append(torch.stack([column, cosines], dim=-1).softmax(dim=-1)[..., 1])
+        return torch.stack(probs).mean(dim=0).mean(dim=1)
+
+    def text_logits(self, decoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Cosines ``[B, concepts, n]`` of the global feature with every concept query."""
+        global_feature = nn.functional.normalize(self.pool(decoded["tokens"]).float(), dim=-1)
+        queries = nn.functional.normalize(decoded["queries"].float(), dim=-1)
+        return (global_feature @ queries.T).unflatten(1, (-1, len(self.concepts))).transpose(1, 2)
