@@ -20,3 +20,12 @@ class IntensityModel(ZeroShotModel):
         saliency = grid + 0.01 * shifts.view(1, -1, 1, 1) * grid.roll(1, dims=-1)
         scores = torch.sigmoid(images.mean(dim=(1, 2, 3))[:, None] * (1 + shifts[None]))
         return ZeroShotOutput(scores=scores, saliency=saliency)
+
+
+class RandomIntensityModel(IntensityModel):
+    """``IntensityModel`` standing in for a model built with ``random_init`` and no checkpoint."""
+
+    def __init__(self, random_init: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if random_init:
+            self.warn_random_weights()

@@ -43,7 +43,7 @@ def test_describe_reports_every_problem(tmp_path, capsys):
     assert "3 problem(s)" in text and "row 5: box xywh" in text and "[deduplicated]" in text
     # --data.on_error raise stops at the first problem, with a message naming file and row
     code, _, err = run(capsys, ["--data", "rsna_pneumonia", "--data.root", str(root), "--data.on_error", "raise"])
-    assert code == 1 and "stage_2_train_labels.csv, row 5" in err
+    assert code == 2 and err.startswith("error: ") and "stage_2_train_labels.csv, row 5" in err
 
 
 def test_describe_bad_arguments(capsys):

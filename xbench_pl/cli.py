@@ -1,32 +1,63 @@
-"""``python -m xbench_pl test --model NAME --data NAME [--data.*] [--trainer.*] [--out DIR]``.
+"""``python -m xbench_pl COMMAND ...``: ``test`` (a LightningCLI) and ``describe`` (a module).
 
-A LightningCLI: ``--model``/``--data`` take a registered name (resolved to its config file,
-``xbench_pl.registry``), a class path, or a YAML file; ``--model.ARG``/``--data.ARG`` override
-init args; ``--print_config`` and ``--config FILE`` work as usual. ``test`` writes
-``OUT/metrics.json`` and ``OUT/metrics.md`` and prints the per-dataset table.
-``python -m xbench_pl describe --data NAME ...`` summarises a dataset (``xbench_pl.describe``).
+``test --model NAME --data NAME [--data.*] [--trainer.*] [--out DIR]``: ``--model``/``--data``
+take a registered name (resolved to its config file, ``xbench_pl.registry``), a class path, or
+a YAML file; ``--model.ARG``/``--data.ARG`` override init args; ``--print_config`` and
+``--config FILE`` work as usual. ``test`` writes ``OUT/metrics.json`` and ``OUT/metrics.md``
+and prints the per-dataset table. Other commands are modules with ``main(argv) -> int``
+(``COMMANDS``), imported only when called.
+
+Expected user errors (a bad option value, a missing file or folder, bad data, a checkpoint
+that does not fit) end the command with one ``error: ...`` line and exit status 2;
+``--debug`` (or ``XBENCH_DEBUG=1``) shows the traceback instead. Any other exception shows
+its traceback. Lightning's info chatter (seed, device lines, tips, its own metric table) is
+off; the progress bar and warnings stay.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import re
 import sys
+import time
+import traceback
+import warnings
+from argparse import ArgumentError
+from typing import Optional
 
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
-from xbench_pl.registry import config_path
-from xbench_pl.report import build_report, markdown_table, write_report
+from xbench_pl.registry import UnknownName, config_path
+from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
 
+PROG = "python -m xbench_pl"
+DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily (no import cycle)
+COMMANDS = {c: f"xbench_pl.{c}" for c in ("describe",)}
+#: one line per command for ``--help``
+SUMMARIES = {
+    "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
+    "describe": "count a dataset's images, positives and regions per finding and list its input problems",
+}
+
+
+class UsageError(ValueError):
+    """A user error whose message is ready to print (an option, a file and what to do)."""
 
 
 def resolve_names(argv: list[str]) -> list[str]:
     """Replace ``--model NAME`` / ``--data NAME`` (and ``=NAME``) by the path of NAME's config file.
 
     A value with a dot or slash is a class path or a file and passes through; any other is a
-    registered name, and an unknown one raises ``KeyError`` listing the available names.
+    registered name, and an unknown one raises ``UnknownName`` listing the available names.
+    ``--model VALUE`` is followed by ``--model_name VALUE``: the name the report shows (it is
+    part of the config, so a saved ``--print_config`` keeps it).
     """
     kinds = {"--model": "models", "--data": "data"}
     out, i = [], 0
@@ -37,6 +68,8 @@ def resolve_names(argv: list[str]) -> list[str]:
             value, i = argv[i + 1], i + 1
         if flag in kinds and value and not value.startswith("{"):
             out += [flag, value if "." in value or "/" in value else str(config_path(kinds[flag], value))]
+            if flag == "--model":
+                out += ["--model_name", value]
         else:
             out.append(arg)
         i += 1
@@ -48,8 +81,8 @@ def datamodule_problems(datamodule) -> dict[str, list]:
 
 
 class XBenchCLI(LightningCLI):
-    def __init__(self, *args, model_name: str | None = None, **kwargs):
-        self.model_name = model_name  # the name the user asked for, as reports should show it
+    def __init__(self, *args, started: float | None = None, **kwargs):
+        self.started = time.time() if started is None else started
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -58,19 +91,34 @@ class XBenchCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
+        parser.add_argument("--model_name", type=Optional[str], default=None,
+                            help="the model's name in the report (default: the --model value as given)")
+
+    def instantiate_trainer(self, **kwargs):
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (TypeError, ValueError) as error:  # Trainer's own checks of its arguments
+            raise UsageError(f"--trainer: {error}") from error
 
     def after_test(self) -> None:
         if not self.trainer.is_global_zero:
             return
         settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))[self.subcommand]
         report = build_report(
-            model=self.model_name or settings["model"]["class_path"],
+            model=settings.get("model_name") or settings["model"]["class_path"],
             results=self.model.results,
             problems=datamodule_problems(self.datamodule),
             config={"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")},
+            random_weights=bool(getattr(self.model, "random_weights", False)),
+            provenance=provenance(self.trainer, self.started),
         )
         out = write_report(report, settings["out"])
         print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
+        for line in problem_summary(report, out):
+            print(line)
+        if report["random_weights"]:
+            print(f"\nNOTE: {report['model']} has RANDOM weights (random_init, no checkpoint): these numbers only "
+                  "smoke-test the set-up; the report says so (random_weights: true)")
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
 
 
@@ -84,31 +132,164 @@ def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     return None, argv
 
 
-def main(argv: list[str] | None = None) -> int:
-    from_command_line = argv is None
-    argv = list(sys.argv[1:] if from_command_line else argv)
-    if argv and argv[0] == "describe":
-        from xbench_pl import describe
+def usage() -> str:
+    width = max(len(c) for c in SUMMARIES)
+    lines = [f"usage: {PROG} COMMAND [options]      ({PROG} COMMAND --help: the command's options)", "",
+             "Zero-shot recognition and grounding benchmark of chest X-ray vision-language models.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
+    lines += ["", "options:", f"  {'--debug':<{width}}  show the traceback of an error (also {DEBUG_ENV}=1)",
+              f"  {'-h, --help':<{width}}  this message"]
+    return "\n".join(lines)
 
-        return describe.main(argv[1:])
-    try:
-        resolved = resolve_names(argv)
-    except KeyError as error:
-        print(f"error: {error.args[0]}", file=sys.stderr)
-        return 2
+
+def quiet_lightning(short_warnings: bool = True) -> None:
+    """Progress bar and warnings only: no seed line, device lines, tips or deprecation notes of Lightning's;
+    warnings as one ``warning: ...`` line (without the source line that raised them)."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch >= 2.10
+    warnings.filterwarnings("ignore", message=r".*does not have many workers")
+    if short_warnings:
+        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
+
+
+def run_test(argv: list[str], from_command_line: bool) -> int:
+    resolved = resolve_names(argv)
+    # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table
+    resolved = ["--verbose", "false", *resolved]
     if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
-        sys.argv[1:] = resolved
+        sys.argv[1:] = ["test", *resolved]
     XBenchCLI(
         ZeroShotModel,
         XBenchDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
-        args=None if from_command_line else resolved,
-        model_name=take_option(argv, "--model")[0],
+        args=None if from_command_line else ["test", *resolved],
         trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=0,
         save_config_callback=None,
-        parser_kwargs={"prog": "python -m xbench_pl", "description": "Zero-shot recognition and grounding benchmark "
-                       "of chest X-ray VLMs (xbench_pl). Also: python -m xbench_pl describe --data NAME ..."},
+        parser_kwargs={"prog": PROG, "description": SUMMARIES["test"], "exit_on_error": False,
+                       "test": {"exit_on_error": False}},
         auto_configure_optimizers=False,
     )
     return 0
+
+
+# -- errors -------------------------------------------------------------------------------------
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from (or while handling), outermost first."""
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return seen
+
+
+def _own_errors() -> tuple[type, ...]:
+    from xbench_pl.data.io import DataError
+    from xbench_pl.models.checkpoints import CheckpointError
+
+    return DataError, CheckpointError, UsageError, UnknownName
+
+
+def _option_of(error: BaseException) -> str:
+    """``--data`` or ``--model`` when ``error`` was raised while building a datamodule or a model."""
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and isinstance(owner, XBenchDataModule):
+            return "--data"
+        if frame.f_code.co_name == "__init__" and isinstance(owner, ZeroShotModel):
+            return "--model"
+    return ""
+
+
+def _last_line(message: str) -> str:
+    """A re-raised worker error carries the worker's traceback: its last line is the message."""
+    if "Traceback (most recent call last)" in message:
+        lines = [line for line in message.strip().splitlines() if line.strip()]
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1].strip())
+    return " ".join(message.split())
+
+
+def argument_message(error: ArgumentError) -> str:
+    """jsonargparse's nested parse error as one line: the option and the innermost complaint."""
+    text = str(error)
+    keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k != "test"]
+    innermost = _chain(error)[-1]
+    message = str(innermost).strip().splitlines()[0] if str(innermost).strip() else text.strip().splitlines()[0]
+    message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
+    message = re.sub(r"\btest\.(\w)", r"--\1", message)  # "required: test.data" -> "--data"
+    class_path = re.search(r"Problem with given class_path '([\w.]+)'", text)
+    if class_path and isinstance(innermost, ImportError):
+        message = f"cannot import {class_path.group(1)}: {message}"
+    elif class_path and "is not accepted" in message:
+        keys.append(re.search(r"Option '([^']+)'", message).group(1))
+        message = f"not an option of {class_path.group(1)} (its options: {PROG} test --{keys[0]}.help {class_path.group(1)})"
+    message = re.sub(r"^Expected a (.+)\. Got value: (.*)$", r"expected a \1, got '\2'", message)
+    if message.startswith("unrecognized arguments"):
+        message += f" (see {PROG} test --help)"
+    option = "--" + ".".join(keys) if keys else ""
+    return f"{option}: {message}" if option else message
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The one line for an expected user error, or None for an unexpected exception."""
+    chain = _chain(error)
+    if any(isinstance(e, RuntimeError) and "remote worker crash" in str(e) for e in chain):
+        return "another DDP rank stopped (its error: above); this rank could not go on without it"
+    if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
+        return argument_message(error)
+    own = next((e for e in chain if isinstance(e, _own_errors())), None)
+    if own is None:  # the innermost plain user error: jsonargparse wraps a class's own ValueError in its own
+        own = next((e for e in reversed(chain) if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError))), None)
+    if own is None:
+        return None
+    message = _last_line(own.args[0] if isinstance(own, KeyError) and own.args else str(own))
+    option = "" if isinstance(own, UsageError) else _option_of(own)
+    return f"{option}: {message}" if option else message
+
+
+def is_rank_zero() -> bool:
+    return all(int(os.environ.get(v, "0") or 0) == 0 for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+def print_error(message: str) -> None:
+    """One ``error:`` line. A DDP rank > 0 stays silent when rank 0 (its parent, Lightning's launcher)
+    ends too, as it does for an error every rank hits; an error of its own is printed."""
+    if not is_rank_zero():
+        parent, deadline = os.getppid(), time.monotonic() + 3
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.1)
+        if os.getppid() != parent:
+            return
+        message = f"(rank {os.environ.get('RANK') or os.environ.get('LOCAL_RANK')}) {message}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.time()
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if from_command_line else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # DDP ranks re-run the command line without --debug
+    else:
+        quiet_lightning(short_warnings=from_command_line)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS and command != "test":
+        print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    try:
+        if command in COMMANDS:
+            return importlib.import_module(COMMANDS[command]).main(rest)
+        return run_test(rest, from_command_line)
+    except Exception as error:
+        message = None if debug else user_error_message(error)
+        if message is None:
+            raise
+        print_error(message)
+        return 2

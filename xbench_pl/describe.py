@@ -9,8 +9,9 @@ than stopping at the first (``--data.on_error skip`` is its default; pass ``rais
 
 ``--data pooled`` describes each pooled dataset in turn (one such summary per dataset; with
 ``--json``: ``{"datasets": {NAME: summary, ...}}``). A dataset that cannot be read at all (no
-root, missing table) is named on stderr and the others are still described; the exit status
-is then 1.
+root, missing table) is named on stderr (``error: NAME: ...``) and the others are still
+described; the exit status is then 1. A single dataset that cannot be read, like any user
+error, ends with one ``error: ...`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def format_summary(name: str, summary: dict) -> str:
 
 
 def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1])
+    parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1],
+                            exit_on_error=False)  # python -m xbench_pl prints the one-line error
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults({f"data.{k}": v for k, v in {"on_error": "skip", **defaults}.items()})
@@ -64,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     name, rest = take_option(argv, "--data")
     if name is None:
-        print(f"describe: --data NAME is required; available: {available('data')}", file=sys.stderr)
+        print(f"error: --data NAME is required; available: {available('data')}", file=sys.stderr)
         return 2
     try:
         datamodule_class, defaults = read_config("data", name)
     except KeyError as error:
-        print(f"describe: {error.args[0]}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 2
     args = build_parser(datamodule_class, defaults).parse_args(rest)
     datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             records = child.prepare_records()
         except DataError as error:
-            print(f"describe: {child.name + ': ' if pooled else ''}{error}", file=sys.stderr)
+            print(f"error: {child.name + ': ' if pooled else ''}{error}", file=sys.stderr)
             failed = True
             continue
         summaries[child.name] = summarize(records, child.classes, child.problems)
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"datasets": summaries} if pooled else summaries[datamodule.name], indent=2))
     elif summaries:
         print("\n\n".join(format_summary(name, summary) for name, summary in summaries.items()))
-    return 1 if failed else 0
+    return (1 if summaries else 2) if failed else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,13 @@ _PACKAGE = Path(__file__).resolve().parent
 CONFIG_ROOTS = (_PACKAGE.parent / "configs", _PACKAGE / "configs")
 
 
+class UnknownName(KeyError):
+    """A model or dataset name with no config file; the message lists the available names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def config_dir(kind: str) -> Path:
     for root in CONFIG_ROOTS:
         if (root / kind).is_dir():
@@ -30,7 +37,7 @@ def available(kind: str) -> list[str]:
 def config_path(kind: str, name: str) -> Path:
     path = config_dir(kind) / f"{name}.yaml"
     if not path.is_file():
-        raise KeyError(f"unknown {kind[:-1] if kind == 'models' else 'dataset'} {name!r}; available: {available(kind)}")
+        raise UnknownName(f"unknown {kind[:-1] if kind == 'models' else 'dataset'} {name!r}; available: {available(kind)}")
     return path
 
 

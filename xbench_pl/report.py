@@ -1,14 +1,28 @@
 """The benchmark's output files: ``metrics.json`` (every number) and ``metrics.md`` (tables).
 
-``metrics.json``: ``{"model": NAME, "datasets": {DATASET: {"classes": {CLASS: ROW}, "mean": ROW,
-"problems": [...]}}, "config": {...}}``; ROW keys and their definitions are in
-``xbench_pl.metrics.benchmark`` and the README's "Metrics" section. Fractions are in [0, 1];
-null where undefined.
+``metrics.json`` top-level keys:
+
+- ``model``: the name asked for (``--model NAME``, kept in the config as ``model_name``), else the class path;
+- ``random_weights``: true when the model ran with random weights (``random_init``, no checkpoint):
+  the numbers then only smoke-test the set-up;
+- ``datasets``: ``{DATASET: {"classes": {CLASS: ROW}, "mean": ROW, "problems": [...]}}``; ROW keys
+  and their definitions are in ``xbench_pl.metrics.benchmark`` and the README's "Metrics"
+  section. Fractions are float64 in [0, 1] (computed in float64 from exact sums and counts),
+  null where undefined; ``problems``: ``{"file", "row", "reason", "action"}`` per bad input;
+- ``config``: the resolved ``model`` and ``data`` configs (``class_path``, ``init_args``) and the precision;
+- ``provenance``: ``xbench_pl``, ``git_commit`` (null outside a git checkout), ``git_dirty``,
+  ``python``, ``torch``, ``lightning``, ``torchmetrics``, ``device``, ``accelerator``,
+  ``world_size``, ``num_nodes``, ``started`` (ISO 8601, UTC), ``wall_time_s``. Everything but
+  ``provenance`` is identical on 1 and N processes.
 """
 
 from __future__ import annotations
 
 import json
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -25,21 +39,96 @@ def markdown_table(rows: dict[str, dict], first: str) -> str:
     return "\n".join(lines)
 
 
+def format_problem(problem: dict) -> str:
+    from xbench_pl.data.io import Problem
+
+    return str(Problem(**problem))
+
+
 def render_markdown(report: dict) -> str:
     datasets = report["datasets"]
-    parts = [f"# {report['model']}", "", "## Per dataset (macro mean over findings; counts summed)", "",
+    title = f"# {report['model']}" + (" (RANDOM weights: a smoke test, not a result)" if report.get("random_weights") else "")
+    parts = [title, "", "## Per dataset (macro mean over findings; counts summed)", "",
              markdown_table({name: d["mean"] for name, d in datasets.items()}, "dataset")]
     for name, d in datasets.items():
         parts += ["", f"## {name}", "", markdown_table(d["classes"], "finding")]
         if d.get("problems"):
             parts += ["", f"{len(d['problems'])} input problem(s) skipped or corrected:", ""]
-            parts += [f"- {p['file']}" + (f", row {p['row']}" if p["row"] else "") + f": {p['reason']}" for p in d["problems"]]
+            parts += [f"- {format_problem(p)} [{p['action']}]" for p in d["problems"]]
     return "\n".join(parts) + "\n"
 
 
-def build_report(model: str, results: dict[str, dict], problems: dict[str, list], config: dict) -> dict:
+def problem_summary(report: dict, out: Path) -> list[str]:
+    """One console line per dataset with problems: how many were skipped and corrected, and where they are listed."""
+    lines = []
+    for name, d in report["datasets"].items():
+        problems = d.get("problems") or []
+        if not problems:
+            continue
+        skipped = sum(p["action"] == "skipped" for p in problems)
+        corrected: dict[str, int] = {}
+        for p in problems:
+            if p["action"] != "skipped":
+                corrected[p["action"]] = corrected.get(p["action"], 0) + 1
+        what = [f"{skipped} image(s)/row(s) skipped"] if skipped else []
+        if corrected:
+            what.append(f"{sum(corrected.values())} corrected ({', '.join(f'{a} {n}' for a, n in corrected.items())})")
+        lines.append(f"{name}: {' and '.join(what)}; listed in {out / 'metrics.json'} (datasets.{name}.problems) "
+                     f"and {out / 'metrics.md'}")
+    return ["", *lines] if lines else []
+
+
+def git_commit(folder: Path | None = None) -> tuple[str | None, bool | None]:
+    """The checkout's commit and whether tracked files differ from it; ``(None, None)`` outside git."""
+    folder = folder or Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return None, None
+        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def provenance(trainer, started: float) -> dict:
+    """What produced a report: versions, commit, device, world size, start and wall time."""
+    import lightning
+    import torch
+    import torchmetrics
+
+    import xbench_pl
+
+    device = trainer.strategy.root_device
+    name = str(device)
+    if device.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(device)})"
+    commit, dirty = git_commit()
+    return {
+        "xbench_pl": xbench_pl.__version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "torchmetrics": torchmetrics.__version__,
+        "device": name,
+        "accelerator": type(trainer.accelerator).__name__,
+        "world_size": trainer.world_size,
+        "num_nodes": trainer.num_nodes,
+        "started": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        "wall_time_s": round(time.time() - started, 3),
+    }
+
+
+def build_report(model: str, results: dict[str, dict], problems: dict[str, list], config: dict,
+                 random_weights: bool = False, provenance: dict | None = None) -> dict:
     datasets = {name: {**table, "problems": [p.to_dict() for p in problems.get(name, [])]} for name, table in results.items()}
-    return {"model": model, "datasets": datasets, "config": config}
+    report = {"model": model, "random_weights": random_weights, "datasets": datasets, "config": config}
+    if provenance is not None:
+        report["provenance"] = provenance
+    return report
 
 
 def write_report(report: dict, out_dir: str | Path) -> Path:
@@ -48,4 +137,3 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "metrics.md").write_text(render_markdown(report))
     return out
-

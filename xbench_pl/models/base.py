@@ -92,8 +92,11 @@ class ZeroShotModel(L.LightningModule):
                                              batch.region_masks[counted_pairs], cls)
 
     def on_test_epoch_end(self) -> None:
-        self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}
-        for name, table in self.results.items():
-            for key in ("pointing_game", "dice_best", "auroc"):
-                if table["mean"][key] is not None:
-                    self.log(f"{name}/{key}", table["mean"][key], rank_zero_only=True)
+        self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
+        # straight to the loggers (W&B, CSV, ...), from rank zero, in float64: these numbers are already
+        # synced, so Lightning's self.log (which would cast to float32 and ask for sync_dist) is not used
+        means = {f"{name}/{key}": value for name, table in self.results.items()
+                 for key, value in table["mean"].items() if value is not None}
+        if self.trainer.is_global_zero and means:
+            for logger in self.loggers:
+                logger.log_metrics(means, step=self.global_step)

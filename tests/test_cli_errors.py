@@ -1,0 +1,125 @@
+"""The CLI speaks plainly: one ``error:`` line and exit 2 for user errors, quiet runs, reports that
+say what they are (random weights, skipped inputs, provenance). Real commands run in subprocesses;
+error messages that need no trainer are also checked in-process (``main``), which is fast."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_cli import cli
+
+from xbench_pl.cli import main
+
+
+@pytest.fixture
+def nih(tmp_path):
+    """A three-image NIH box-list layout: b.png is truncated (corrupt), c.png's box reaches outside."""
+    root = tmp_path / "nih"
+    (root / "images").mkdir(parents=True)
+    for name in "abc":
+        Image.fromarray(np.random.default_rng(ord(name)).integers(0, 255, (64, 64), np.uint8)).save(root / "images" / f"{name}.png")
+    (root / "images" / "b.png").write_bytes((root / "images" / "b.png").read_bytes()[:100])
+    (root / "BBox_List_2017.csv").write_text("Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
+                                            "a.png,Mass,5,5,20,20\nb.png,Nodule,10,10,8,8\nc.png,Mass,60,60,20,20\n")
+    return root
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path):
+    missing = cli("test", "--model", "clip", "--model.checkpoint", str(tmp_path / "ViT-B-16.pt"), "--data", "demo")
+    assert (missing.returncode, missing.stderr) == (2, f"error: --model: checkpoint not found: {tmp_path / 'ViT-B-16.pt'}\n")
+    bad_value = cli("test", "--model", "center", "--model.sigma", "abc", "--data", "demo")
+    assert (bad_value.returncode, bad_value.stderr) == (2, "error: --model.sigma: expected a float, got 'abc'\n")
+    # --debug shows the traceback instead
+    debug = cli("test", "--model", "center", "--data", "nih_bbox", "--debug")
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().endswith("DataError: BBox_List_2017.csv: NIH box list not found (set --data.root)")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--model", "center", "--data", "nih_bbox"], "error: BBox_List_2017.csv: NIH box list not found (set --data.root)"),
+    (["--model", "center", "--data", "demo", "--data.eval_size", "0"], "error: --data: eval_size must be positive, got 0"),
+    (["--model", "center", "--data", "demo", "--data.on_error", "bogus"], "error: --data: on_error must be 'raise' or 'skip', got 'bogus'"),
+    (["--model", "center", "--model.nope", "1", "--data", "demo"],
+     "error: --model.nope: not an option of xbench_pl.models.baselines.CenterBaseline "
+     "(its options: python -m xbench_pl test --model.help xbench_pl.models.baselines.CenterBaseline)"),
+    (["--model", "no.such.Model", "--data", "demo"], "error: --model: cannot import no.such.Model: No module named 'no'"),
+    (["--model", "center", "--data", "demo", "--trainer.devices", "x"],
+     "error: --trainer: `devices` selected with `CPUAccelerator` should be an int > 0."),
+    (["--model", "center", "--data", "demo", "--bogus"], "error: unrecognized arguments: --bogus (see python -m xbench_pl test --help)"),
+    (["--model", "center"], "error: the following arguments are required: --data"),
+    (["--model", "center", "--data", "demo", "--data.split_file", "/no/ids.txt"], "error: /no/ids.txt: split file not found"),
+])
+def test_user_error_lines(capsys, argv, line):
+    code, _, err = run(capsys, "test", *argv)
+    assert (code, err.strip().splitlines()[-1]) == (2, line)
+    assert "Traceback" not in err
+
+
+def test_corrupt_image_and_missing_pooled_folder(capsys, nih, tmp_path):
+    code, _, err = run(capsys, "test", "--model", "center", "--data", "nih_bbox", "--data.root", str(nih), "--out", str(tmp_path / "r"))
+    assert (code, err.strip().splitlines()[-1]) == (2, f"error: {nih / 'images' / 'b.png'}: cannot decode image (image file is truncated)")
+    datasets = json.dumps(["nih_bbox", "rsna_pneumonia"])
+    code, _, err = run(capsys, "test", "--model", "center", "--data", "pooled", "--data.root", str(tmp_path), "--data.datasets", datasets)
+    # nih_bbox is found as tmp_path/nih? no: the folder must be named as the dataset
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'nih_bbox'}: dataset folder not found (the pooled --data.root {tmp_path} needs one folder per "
+        "dataset, named as the dataset; or give nih_bbox its own root in --data.datasets)")
+
+
+def test_help_lists_every_command(capsys):
+    code, out, _ = run(capsys, "--help")
+    commands = re.findall(r"^  (\w+)  +(\S.*)$", out.split("commands:")[1].split("options:")[0], re.M)
+    assert code == 0 and [c for c, _ in commands] == ["test", "describe"] and all(summary for _, summary in commands)
+    code, _, err = run(capsys, "frobnicate")
+    assert (code, err) == (2, "error: unknown command 'frobnicate'; commands: test, describe (see python -m xbench_pl --help)\n")
+
+
+def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
+    split = tmp_path / "ids.txt"
+    split.write_text("a.png\nb.png\nc.png\n")  # no header: a.png must not be taken for one
+    out = tmp_path / "out"
+    result = cli("test", "--model", "fixture_models.RandomIntensityModel", "--model.random_init", "true", "--data", "nih_bbox",
+                 "--data.root", str(nih), "--data.on_error", "skip", "--data.split_file", str(split), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    console = result.stdout + result.stderr
+    for noise in ("Seed set", "No seed found", "GPU available", "TPU available", "💡", "Test metric", "LeafSpec"):
+        assert noise not in console, noise
+    assert "Testing" in console  # the progress bar stays
+    assert console.count("has RANDOM weights") == 2  # the warning at build, and the note under the table
+    assert "NOTE: fixture_models.RandomIntensityModel has RANDOM weights" in result.stdout
+    assert (f"nih_bbox: 1 image(s)/row(s) skipped and 1 corrected (clipped 1); listed in {out / 'metrics.json'} "
+            f"(datasets.nih_bbox.problems) and {out / 'metrics.md'}") in result.stdout.splitlines()
+    report = json.loads((out / "metrics.json").read_text())
+    assert list(report) == ["model", "random_weights", "datasets", "config", "provenance"]
+    assert report["model"] == "fixture_models.RandomIntensityModel" and report["random_weights"] is True
+    problems = report["datasets"]["nih_bbox"]["problems"]
+    assert [(p["file"].rsplit("/", 1)[-1], p["row"], p["action"]) for p in problems] == [
+        ("b.png", "3", "skipped"), ("BBox_List_2017.csv", "4", "clipped")]
+    assert "RANDOM weights" in (out / "metrics.md").read_text().splitlines()[0]
+    assert set(report["provenance"]) == {"xbench_pl", "git_commit", "git_dirty", "python", "torch", "lightning", "torchmetrics",
+                                         "device", "accelerator", "world_size", "num_nodes", "started", "wall_time_s"}
+    assert report["provenance"]["device"] == "cpu" and report["provenance"]["world_size"] == 1
+    rows = report["datasets"]["nih_bbox"]["classes"]
+    for row in rows.values():  # float64 from exact counts: k / n exactly, never a float32 value like 0.1666666716
+        n = row["n_pos"] + row["n_neg"]
+        assert n == 2  # a.png (the split's first line) and c.png
+        assert row["hamming_acc"] in (0.0, 0.5, 1.0) and row["auprc"] in (None, 0.5, 1.0)
+
+
+def test_saved_print_config_keeps_the_registered_name(nih, tmp_path):
+    shown = cli("test", "--model", "center", "--data", "nih_bbox", "--data.root", str(nih), "--data.on_error", "skip", "--print_config")
+    assert shown.returncode == 0 and "model_name: center" in shown.stdout
+    (tmp_path / "run.yaml").write_text(shown.stdout)
+    rerun = cli("test", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["model"] == "center"
