@@ -27,7 +27,8 @@ Text: tokenised from a local Med-KEBERT tokenizer folder (``tokenizer=DIR`` with
 as the authors' test scripts call it (lower case, special tokens, max length 256), with
 explicit ``padding="max_length", truncation=True`` (``transformers`` 5 ignores their
 ``pad_to_max_length=True``). Required even with ``random_init``: token ids come only from the
-real vocabulary (a model without it would not be this model).
+real vocabulary (a model without it would not be this model). ``random_init`` weights are drawn
+from a fixed seed, so every rank and every run builds the same smoke-test model.
 
 Queries: KAD scores plain finding names decoded together, and a finding's score depends on the
 other names decoded with it (self-attention). ``query_set="authors"`` (default) decodes the
@@ -75,6 +76,7 @@ RENAMES = (
     ("image.vit.", "image."),  # Hugging Face ViTModel under the attribute ``vit`` (DeViDe layout)
 )
 POSITION_IDS = "text.bert_model.embeddings.position_ids"
+RANDOM_INIT_SEED = 0  # random_init weights are drawn from this seed (same model on every rank)
 
 
 def rename(key: str) -> str:
@@ -195,23 +197,12 @@ class KAD(ZeroShotModel):
         self.texts = {**queries["texts"], **(texts or {})}
         self.authors_set = tuple(queries["query_set"])
 
-        image = config["image"]
-        if image["type"] == "resnet":
-            self.image = ResNetPatches(stage=image["stage"])
-        elif image["type"] == "vit":
-            self.image = ViTPatches(**image["config"])
+        if checkpoint_file is None:  # the same random weights on every rank and run: smoke runs are reproducible
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(RANDOM_INIT_SEED)
+                self.build(config, base, tokenizer)
         else:
-            raise ValueError(f"architecture {architecture!r}: unknown image encoder type {image['type']!r} (resnet, vit)")
-        projection = config.get("projection")
-        self.project = (nn.Identity() if projection is None else
-                        nn.Sequential(nn.Linear(self.image.channels, projection[0]), nn.ReLU(), nn.Linear(*projection)))
-        text = config["text"]
-        self.text = BertQueryEncoder(bert_config(text["bert"], base), text.get("pooling", "pooler"), text.get("mlp"))
-        if len(self.tokenizer) > self.text.bert_model.embeddings.word_embeddings.num_embeddings:
-            raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, more than the text encoder's "
-                             f"vocabulary ({self.text.bert_model.embeddings.word_embeddings.num_embeddings}): wrong tokenizer folder?")
-        self.decoder = QueryDecoder(**config["decoder"])
-        self.mlp_head = nn.Sequential(nn.Linear(config["decoder"]["d_model"], int(config.get("classes", 2))))
+            self.build(config, base, tokenizer)
         self.attn_layers = list(config.get("attn_layers", [-1]))
         self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
         self._query_cache: dict[tuple, torch.Tensor] = {}
@@ -221,6 +212,27 @@ class KAD(ZeroShotModel):
         else:
             self.warn_random_weights()
         self.eval()
+
+    def build(self, config: dict, base: Path, tokenizer: str | None) -> None:
+        """The towers, decoder and head of ``config``, with random weights."""
+        image = config["image"]
+        if image["type"] == "resnet":
+            self.image = ResNetPatches(stage=image["stage"])
+        elif image["type"] == "vit":
+            self.image = ViTPatches(**image["config"])
+        else:
+            raise ValueError(f"architecture {self.architecture!r}: unknown image encoder type {image['type']!r} (resnet, vit)")
+        projection = config.get("projection")
+        self.project = (nn.Identity() if projection is None else
+                        nn.Sequential(nn.Linear(self.image.channels, projection[0]), nn.ReLU(), nn.Linear(*projection)))
+        text = config["text"]
+        self.text = BertQueryEncoder(bert_config(text["bert"], base), text.get("pooling", "pooler"), text.get("mlp"))
+        vocabulary = self.text.bert_model.embeddings.word_embeddings.num_embeddings
+        if len(self.tokenizer) > vocabulary:
+            raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, more than the text encoder's "
+                             f"vocabulary ({vocabulary}): wrong tokenizer folder?")
+        self.decoder = QueryDecoder(**config["decoder"])
+        self.mlp_head = nn.Sequential(nn.Linear(config["decoder"]["d_model"], int(config.get("classes", 2))))
 
     # -- weights -------------------------------------------------------------------------------
     def load_checkpoint(self, path: Path) -> None:

@@ -39,7 +39,7 @@ class ResNetPatches(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(images))))
         for index in range(1, self.stage + 1):
             x = getattr(self, f"layer{index}")(x)
-        return x.flatten(2).transpose(1, 2), (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2).contiguous(), (x.shape[-2], x.shape[-1])
 
 
 # -- ViT-B/16 in the Hugging Face ViTModel layout of google/vit-base-patch16-224-in21k ----------

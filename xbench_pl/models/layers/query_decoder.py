@@ -28,12 +28,12 @@ class QueryDecoderLayer(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         if self_attn:
-            self.self_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout, batch_first=True)
+            self.self_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
             self.norm1 = nn.LayerNorm(d_model)
             self.dropout1 = nn.Dropout(dropout)
         else:
             self.self_attn = None
-        self.multihead_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout, batch_first=True)
+        self.multihead_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
         self.linear1 = nn.Linear(d_model, ffn)
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(ffn, d_model)
@@ -44,7 +44,8 @@ class QueryDecoderLayer(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``queries [B, Q, D]``, ``memory [B, N, D]`` -> (queries, head-averaged cross-attention ``[B, Q, N]``)."""
+        """``queries [Q, B, D]``, ``memory [N, B, D]`` (sequence first, as DETR) -> (queries, head-averaged
+        cross-attention ``[B, Q, N]``)."""
         if self.self_attn is not None:
             x = self.norm1(queries)
             # need_weights=True keeps the reference (non-fused) attention path of the original code
@@ -78,14 +79,16 @@ class QueryDecoder(nn.Module):
     def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``queries [B, Q, D]`` (or ``[Q, D]``, shared by the batch), ``memory [B, N, D]`` ->
         (``out [B, Q, D]`` after the final norm, ``attn [L, B, Q, N]``)."""
-        if queries.dim() == 2:
-            queries = queries.unsqueeze(0).expand(memory.shape[0], -1, -1)
-        if self.norm_memory:
-            memory = self.norm(memory)
+        # sequence-first contiguous tensors inside, as DETR and KAD lay them out: the same GEMM
+        # shapes and strides, so the same floating-point results as the original code
+        batch = memory.shape[0]
+        memory = memory.transpose(0, 1)
+        queries = queries.unsqueeze(1).repeat(1, batch, 1) if queries.dim() == 2 else queries.transpose(0, 1).contiguous()
+        memory = self.norm(memory) if self.norm_memory else memory.contiguous()
         if self.norm_queries:
             queries = self.norm(queries)
         maps = []
         for layer in self.layers:
             queries, attn = layer(queries, memory)
             maps.append(attn)
-        return self.norm(queries), torch.stack(maps)
+        return self.norm(queries).transpose(0, 1), torch.stack(maps)

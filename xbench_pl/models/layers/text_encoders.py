@@ -10,6 +10,7 @@ texts into one embedding each (queries of a query decoder).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -49,7 +50,10 @@ class _BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
         attn = self.attention.self
         q, k, v = (proj(x).unflatten(-1, (self.heads, -1)).transpose(1, 2) for proj in (attn.query, attn.key, attn.value))
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask).transpose(1, 2).flatten(2)
+        # the explicit ("eager") arithmetic of Hugging Face's BertSelfAttention, in its order: texts are
+        # encoded once per query set, so matching the original numerics beats a fused kernel here
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1]) + additive_mask
+        context = torch.matmul(scores.softmax(dim=-1), v).transpose(1, 2).flatten(2)
         out = self.attention.output
         x = out.LayerNorm(x + out.dense(context))
         return self.output.LayerNorm(x + self.output.dense(F.gelu(self.intermediate.dense(x))))
