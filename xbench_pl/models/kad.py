@@ -154,13 +154,13 @@ class KAD(ZeroShotModel):
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
-    # regexes of checkpoint keys the model does not use (after merging; see the module docstring)
+    # regexes of checkpoint keys the model does not use (matched after merging and renaming; see the module docstring)
     IGNORE_UNEXPECTED = (
         r"^logit_scale$",              # TQN_Model.logit_scale: training-only
         r"^text\.logit_scale$",        # CLP_clinical.logit_scale: training-only
         r"^image\.resnet\.fc\.",       # torchvision's ImageNet classifier, never called
         r"^image\.resnet\.layer4\.",   # built but unused when the trunk stops at layer3 (224 px)
-        r"^image\.vit\.pooler\.",      # Hugging Face ViT pooler; the patch tokens are used
+        r"^image\.(vit\.)?pooler\.",   # Hugging Face ViT pooler (vit.pooler.* in the file); patch tokens are used
     )
     # duplicate key prefix -> prefix of the twin kept (dropped only if torch.equal)
     ALIASES = {
