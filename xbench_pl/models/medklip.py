@@ -144,7 +144,7 @@ def checkpoint_filter_fn(checkpoint: object, model: "MedKLIP", source: str = "ch
 # -- knowledge files ----------------------------------------------------------------------------------
 def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, str], dict[str, list[str]], dict[str, Path]]:
     """``(first file's (key, description) pairs in file order, descriptions by key, aspects by key,
-    file of each key)``; the first file defining a key wins."""
+    file of each key's aspects)``; the first file defining a key wins."""
     first: list[tuple[str, str]] = []
     descriptions: dict[str, str] = {}
     aspects: dict[str, list[str]] = {}
@@ -164,10 +164,10 @@ def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, 
                 descriptions.setdefault(key, value)
             elif isinstance(value, list) and all(isinstance(v, str) for v in value):
                 aspects.setdefault(key, value)
+                origin.setdefault(key, path)
             else:
                 raise ValueError(f"knowledge file {path}, key {key!r}: a {type(value).__name__}, not a description "
                                  "string or a list of aspect sentences")
-            origin.setdefault(key, path)
     return first, descriptions, aspects, origin
 
 
@@ -496,16 +496,22 @@ class MedKLIP(ZeroShotModel):
         texts = [text for _, text in self.file_order[:base]] if entities[:base] == self.base_entities else []
         missing = [e for e in entities[len(texts):] if e not in self.descriptions]
         if missing:
-            raise self.knowledge_error(missing, "a description", classes)
+            raise self.knowledge_error(missing, "description", classes)
         return tuple(texts + [self.descriptions[e] for e in entities[len(texts):]])
 
     def knowledge_error(self, missing: list[str], what: str, classes: list[str] | None) -> ValueError:
+        files = ", ".join(str(f) for f in self.knowledge_files)
+        base = [e for e in missing if e in self.base_entities]
+        if base:
+            return ValueError(f"{type(self).__name__}: the knowledge files ({files}) have no {what} for "
+                              f"{len(base)} of the {len(self.base_entities)} entities ({', '.join(map(repr, base[:5]))}"
+                              f"{', ...' if len(base) > 5 else ''}), which are read by key. Expected {self.KNOWLEDGE_HINT} "
+                              "(MedKLIP's own copy spells the pneumonia key 'eumonia')")
         by_entity = {self.entity_of(c): c for c in (classes or [])}
         named = ", ".join(f"{by_entity[e]!r} (key {e!r})" if e in by_entity else repr(e) for e in missing)
-        files = ", ".join(str(f) for f in self.knowledge_files)
         return ValueError(f"{type(self).__name__}: no {what} for {named} in the knowledge files ({files}). A finding outside "
-                          f"the {len(self.base_entities)} entities is decoded as one more query, from {what} stored under its "
-                          "key, as the authors' Zero-shot_classification/test.py does: add a knowledge file holding it "
+                          f"the {len(self.base_entities)} entities is decoded as more queries, from the {what} stored under "
+                          "its key, as the authors' Zero-shot_classification/test.py does: add a knowledge file holding it "
                           "(e.g. their observation explanation_padchest_rare.json), or map the finding to an entity with "
                           "entities={finding: key}")
 
@@ -618,10 +624,10 @@ class MAVL(MedKLIP):
         aspects = len(self.concepts) - 1
         missing = [e for e in entities if e not in self.descriptions]
         if missing:
-            raise self.knowledge_error(missing, "a description", classes)
+            raise self.knowledge_error(missing, "description", classes)
         missing = [e for e in entities if e not in self.aspects]
         if missing:
-            raise self.knowledge_error(missing, f"{aspects} aspect sentences (gpt4_mimic.json)", classes)
+            raise self.knowledge_error(missing, f"{aspects} aspect sentences (as in gpt4_mimic.json)", classes)
         wrong = [f"{e!r} has {len(self.aspects[e])} ({self.knowledge_origin[e]})" for e in entities if len(self.aspects[e]) != aspects]
         if wrong:
             raise ValueError(f"MAVL needs exactly {aspects} aspect sentences per entity (the model groups "
