@@ -5,8 +5,9 @@ vocabulary), reference images and the prompts.
 Used both by the scratch run of the authors' own code (``tests/data/make_carzero_manifests.py
 reference``, which wrote ``tests/data/carzero_reference.pt``) and by our tests, which load the same
 checkpoint into ``xbench_pl.models.carzero`` and compare with those outputs. Plain module: no pytest,
-no transformers; only torch (``omegaconf``/``pytorch_lightning`` are used by
-``write_lightning_checkpoint`` only, and only to *write* the file the way a real one is pickled).
+no transformers; only torch. ``write_lightning_checkpoint`` pickles omegaconf / pytorch_lightning
+objects as a real file does, with the real packages when they import and byte-identical named
+stand-ins otherwise (nothing of either is needed, and nothing is left in ``sys.modules``).
 
 Layout facts (keys, shapes, dtypes, aliases) come from ``tests/data/carzero_checkpoint_manifest.json``,
 derived from the authors' architecture on the meta device (``tests/data/make_carzero_manifests.py``).
@@ -129,6 +130,13 @@ BERT_CONFIG = {
     "vocab_size": 28996,
 }
 
+OMEGACONF_CLASSES = {
+    "DictConfig": ("omegaconf.dictconfig", "DictConfig"),
+    "ListConfig": ("omegaconf.listconfig", "ListConfig"),
+    "AnyNode": ("omegaconf.nodes", "AnyNode"),
+    "Metadata": ("omegaconf.base", "Metadata"),
+    "ContainerMetadata": ("omegaconf.base", "ContainerMetadata"),
+}
 CALLBACK_CLASSES = {
     "model_checkpoint": ("pytorch_lightning.callbacks.model_checkpoint", "ModelCheckpoint"),
     "early_stopping": ("pytorch_lightning.callbacks.early_stopping", "EarlyStopping"),
@@ -268,38 +276,103 @@ def _importable_classes(targets: dict[str, tuple[str, str]]):
             sys.modules.pop(mod_name, None)
 
 
+def _omegaconf_image(value, classes: dict):
+    """An object graph that pickles byte for byte like ``OmegaConf.create(value)`` (omegaconf 2.3.0),
+    built from ``classes`` (stand-ins named like omegaconf's). omegaconf pickles each node's
+    ``__dict__`` minus ``_flags_cache``: containers ``{_metadata, _parent, _content}``, leaves
+    (``AnyNode``) ``{_metadata, _parent, _val}``; the metadata are dataclasses (``ref_type``,
+    ``object_type``, ``optional``, ``key``, ``flags``, ``flags_root``, ``resolver_cache`` [+ ``key_type``,
+    ``element_type`` for containers]). ``make_carzero_manifests.py`` checks the bytes against omegaconf."""
+    import collections
+    import typing
+
+    def metadata(kind, key, object_type, **extra):
+        m = object.__new__(classes[kind])
+        m.__dict__.update(ref_type=typing.Any, object_type=object_type, optional=True, key=key, flags={},
+                          flags_root=False, resolver_cache=collections.defaultdict(dict), **extra)
+        return m
+
+    def node(v, key, parent):
+        if isinstance(v, dict):
+            obj = object.__new__(classes["DictConfig"])
+            obj.__dict__.update(_metadata=metadata("ContainerMetadata", key, dict, key_type=typing.Any,
+                                                   element_type=typing.Any), _parent=parent, _content=None)
+            obj._content = {k: node(x, k, obj) for k, x in v.items()}
+        elif isinstance(v, (list, tuple)):
+            obj = object.__new__(classes["ListConfig"])
+            obj.__dict__.update(_metadata=metadata("ContainerMetadata", key, list, key_type=int,
+                                                   element_type=typing.Any), _parent=parent, _content=None)
+            obj._content = [node(x, i, obj) for i, x in enumerate(v)]
+        else:
+            obj = object.__new__(classes["AnyNode"])
+            obj.__dict__.update(_metadata=metadata("Metadata", key, None), _parent=parent, _val=v)
+        return obj
+
+    return node(value, None, None)
+
+
 def lightning_checkpoint(seed: int = 0, with_omegaconf: bool = True, classes: dict | None = None) -> dict:
-    """``official_checkpoint`` with the objects a real file pickles: callback classes as keys (from
-    ``classes``, see ``_importable_classes``) and, if ``with_omegaconf``, an OmegaConf ``DictConfig``
-    as ``hyper_parameters`` plus ``hparams_type``. Raises ``ImportError`` without omegaconf."""
+    """``official_checkpoint`` with the objects a real file pickles: callback classes as keys and, if
+    ``with_omegaconf``, the hyper-parameters as an OmegaConf ``DictConfig`` plus ``hparams_type``
+    (``classes`` from ``_importable_classes``: real omegaconf / pytorch_lightning classes where they
+    import, named stand-ins otherwise)."""
     ckpt = official_checkpoint(seed)
     if classes is not None:
         names = {".".join(v): k for k, v in CALLBACK_CLASSES.items()}
         ckpt["callbacks"] = {classes[names[k]]: v for k, v in ckpt["callbacks"].items()}
     if with_omegaconf:
-        from omegaconf import DictConfig, OmegaConf  # noqa: PLC0415  (optional, writer only)
+        if classes is None:
+            raise ValueError("with_omegaconf needs the classes from _importable_classes(OMEGACONF_CLASSES)")
+        hp = ckpt.pop("hyper_parameters")
+        if classes["DictConfig"].__module__ == "omegaconf.dictconfig" and hasattr(classes["DictConfig"], "_get_node"):
+            from omegaconf import OmegaConf  # noqa: PLC0415  (the real package, when installed)
 
-        hp = OmegaConf.create(ckpt.pop("hyper_parameters"))
-        ckpt["hyper_parameters"] = hp
-        ckpt["hparams_type"] = DictConfig
-        assert type(hp) is DictConfig
+            ckpt["hyper_parameters"] = OmegaConf.create(hp)
+        else:
+            ckpt["hyper_parameters"] = _omegaconf_image(hp, classes)
+        ckpt["hparams_type"] = classes["DictConfig"]
     return ckpt
 
 
 def write_lightning_checkpoint(path: str | Path, seed: int = 0, with_omegaconf: bool = True) -> Path:
     """Write a ``.ckpt`` pickled like the released file: ``torch.save`` of the Lightning dict whose
-    pickle references ``omegaconf`` classes (``DictConfig``, ``ListConfig``, ``AnyNode``,
-    ``Metadata``, ``ContainerMetadata``; plus ``typing.Any``, ``collections.defaultdict``) and the
-    ``pytorch_lightning.callbacks`` classes. Needs omegaconf if ``with_omegaconf`` (else
-    ``ImportError``); pytorch_lightning is not needed (a stand-in class is named instead).
+    pickle references the classes listed in ``carzero_reference.pt["pickle_globals"]``: omegaconf's
+    ``DictConfig``, ``ListConfig``, ``AnyNode``, ``Metadata``, ``ContainerMetadata`` (plus
+    ``typing.Any``, ``collections.defaultdict``, ``__builtin__.dict/list/long``) and
+    ``pytorch_lightning.callbacks.{model_checkpoint.ModelCheckpoint, early_stopping.EarlyStopping}``.
 
-    A reader must load it without importing or running any of these: e.g. ``weights_only=True`` with
-    those names mapped to inert stand-ins."""
+    Neither omegaconf nor pytorch_lightning is needed: where one does not import, named stand-in
+    classes are registered for the duration of the save and the ``DictConfig`` is emulated
+    (``_omegaconf_image``), giving the same pickle bytes as omegaconf 2.3.0 (checked when
+    ``carzero_reference.pt`` was made: ``hyper_parameters_pickle_sha256``). ``with_omegaconf=False``
+    keeps ``hyper_parameters`` a plain dict and writes no ``hparams_type``.
+
+    A reader must load it without importing or running any of these classes: e.g. ``weights_only=True``
+    with those names mapped to inert stand-ins."""
     path = Path(path)
-    with _importable_classes(CALLBACK_CLASSES) as classes:
+    targets = {**CALLBACK_CLASSES, **(OMEGACONF_CLASSES if with_omegaconf else {})}
+    with _importable_classes(targets) as classes:
         ckpt = lightning_checkpoint(seed, with_omegaconf=with_omegaconf, classes=classes)
         torch.save(ckpt, path)
     return path
+
+
+def hyper_parameters_pickle(classes: dict | None = None) -> bytes:
+    """``pickle.dumps`` (protocol 2, as ``torch.save``) of ``{hyper_parameters, hparams_type}`` as
+    written by ``write_lightning_checkpoint``, for comparing omegaconf with the emulation."""
+    import pickle
+
+    with _importable_classes(OMEGACONF_CLASSES) as found:
+        classes = classes or found
+        ckpt = {"hyper_parameters": copy.deepcopy(HYPER_PARAMETERS)}
+        if hasattr(classes["DictConfig"], "_get_node"):
+            from omegaconf import OmegaConf  # noqa: PLC0415
+
+            ckpt["hyper_parameters"] = OmegaConf.create(ckpt["hyper_parameters"])
+        else:
+            ckpt["hyper_parameters"] = _omegaconf_image(ckpt["hyper_parameters"], classes)
+        ckpt["hparams_type"] = classes["DictConfig"]
+        return pickle.dumps(ckpt, protocol=2)
 
 
 def vocabulary() -> list[str]:

@@ -37,12 +37,12 @@ on ``reference_images(seed=0)``; it saves ``tests/data/carzero_reference.pt``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.machinery
 import importlib.metadata
 import json
 import os
 import pickletools
-import re
 import sys
 import tempfile
 import types
@@ -206,9 +206,7 @@ def write_manifest(path: Path, data: dict) -> None:
 
 def pickle_globals(path: Path) -> list[str]:
     """``module.qualname`` of every GLOBAL / STACK_GLOBAL in the checkpoint's data.pkl."""
-    with zipfile.ZipFile(path) as z:
-        name = next(n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
-        data = z.read(name)
+    data = data_pkl(path)
     found, strings = set(), []
     for op, arg, _ in pickletools.genops(data):
         if op.name == "GLOBAL":
@@ -220,9 +218,19 @@ def pickle_globals(path: Path) -> list[str]:
     return sorted(found)
 
 
+def data_pkl(path: Path) -> bytes:
+    with zipfile.ZipFile(path) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"))
+
+
 def reference(CARZero, tmp: Path) -> dict:
+    import omegaconf  # the real package must be what wrote the file here
+
     ckpt_path = ref.write_lightning_checkpoint(tmp / "CARZero_best_model.ckpt", seed=0, with_omegaconf=True)
     globals_ = pickle_globals(ckpt_path)
+    hp_sha = hashlib.sha256(ref.hyper_parameters_pickle()).hexdigest()
+    data_sha = hashlib.sha256(data_pkl(ckpt_path)).hexdigest()
+    assert isinstance(torch.load(ckpt_path, weights_only=False, mmap=True)["hyper_parameters"], omegaconf.DictConfig)
 
     # their loader; torch >= 2.6 defaults to weights_only=True, which this (trusted, self-made) file needs off
     load = torch.load
@@ -265,6 +273,8 @@ def reference(CARZero, tmp: Path) -> dict:
         "carzero_commit": CARZERO_COMMIT,
         "versions": versions(),
         "pickle_globals": globals_,
+        "hyper_parameters_pickle_sha256": hp_sha,  # hyper_parameters_pickle() made with omegaconf 2.3.0
+        "data_pkl_sha256": data_sha,  # data.pkl of write_lightning_checkpoint(seed=0) made with omegaconf 2.3.0
         "ignored_keys": ignored,
         "prompts": prompts,
         "words": words,
