@@ -613,11 +613,24 @@ class MAVL(MedKLIP):
                       "'gpt4_mimic.json' (Pretrain/concept_gen/) as knowledge=[FILE, FILE]")
     SCORE_MODES = ("feature", "text")
 
-    def __init__(self, architecture: str = "mavl", *args, score_mode: str = "feature", **kwargs):
+    def __init__(
+        self,
+        architecture: str = "mavl",
+        checkpoint: str | None = None,
+        knowledge: str | list[str] | None = None,
+        text_encoder: str | None = None,
+        query_embeddings: str | None = None,
+        query_cache: str | None = None,
+        entities: dict[str, str] | None = None,
+        random_init: bool = False,
+        score_mode: str = "feature",
+        **kwargs,
+    ):
         if score_mode not in self.SCORE_MODES:
             raise ValueError(f"score_mode must be one of {self.SCORE_MODES}, got {score_mode!r}")
+        super().__init__(architecture, checkpoint, knowledge, text_encoder, query_embeddings, query_cache, entities,
+                         random_init, **kwargs)
         self.score_mode = score_mode
-        super().__init__(architecture, *args, **kwargs)
 
     def texts_of(self, entities: tuple[str, ...], classes: list[str] | None = None) -> tuple[str, ...]:
         """Per entity, by key: its description then its aspect sentences (query ``9 i + j``)."""
