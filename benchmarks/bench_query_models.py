@@ -1,0 +1,81 @@
+"""How fast are the query-decoder models (KAD, DeViDe) on this machine? Random weights.
+
+Per model, on a batch of B already-normalised inputs at the model's size:
+
+1. ``zero_shot`` images/s, with the query embeddings already cached (the steady state of a run);
+2. the bare forward it wraps, image encoder + projection + decoder + head on precomputed queries
+   (no query lookup, no softmax / map selection), images/s: ``zero_shot`` should cost no more;
+3. the one-off query-embedding cost: tokenising and encoding the authors' 14 ChestX-ray14 texts
+   (256 tokens each) through the BERT text encoder, paid once per (checkpoint, texts, device).
+
+Run: ``python benchmarks/bench_query_models.py [--models kad_224 kad_512 devide] [--batch 4] [--repeats 3]``.
+Needs a tokenizer folder; by default a small WordPiece vocabulary is written to a temp folder
+(the cost of encoding does not depend on the vocabulary, only on the padded length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import xbench_pl
+
+CXR14 = ["Atelectasis", "Cardiomegaly", "Pleural Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia", "Pneumothorax",
+         "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural Thickening", "Hernia"]
+
+
+def best_of_interleaved(repeats: int, *fns) -> list[float]:
+    """Best time of each function, run alternately (a shared machine's load hits both alike)."""
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return [min(t) for t in times]
+
+
+def write_tokenizer(folder: Path) -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import kad_reference  # the test suite's deterministic WordPiece vocabulary
+
+    return str(kad_reference.write_tokenizer(folder))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["kad_224", "kad_512", "devide"])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokenizer", default=None, help="Med-KEBERT tokenizer folder (default: a generated one)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*RANDOM weights.*")
+    tokenizer = args.tokenizer or write_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, batch {args.batch}, best of {args.repeats}")
+    print("| model | input | zero_shot img/s | bare image+decoder img/s | zero_shot / bare time | query embeddings (14 texts, once) |")
+    print("|---|---|---|---|---|---|")
+    for name in args.models:
+        model = xbench_pl.create_model(name, random_init=True, tokenizer=tokenizer)
+        size = model.preprocess.size
+        images = torch.randn(args.batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+        texts, _ = model.query_texts(CXR14)
+        model._query_cache.clear()
+        start = time.perf_counter()
+        queries = model.query_embeddings(texts)  # tokenise + BERT + MLP, cached from here on
+        embed = time.perf_counter() - start
+        with torch.no_grad():
+            model.zero_shot(images[:1], CXR14)  # warm-up
+            model.decode(images[:1], queries)
+            shot, bare = best_of_interleaved(args.repeats, lambda: model.zero_shot(images, CXR14),
+                                             lambda: model.decode(images, queries))
+        print(f"| {name} | {size} px | {args.batch / shot:.2f} | {args.batch / bare:.2f} | {shot / bare:.3f} | {embed:.2f} s |")
+
+
+if __name__ == "__main__":
+    main()
