@@ -166,16 +166,21 @@ def test_cli_devide_needs_a_local_tokenizer(tmp_path):
 
 
 def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir, tmp_path):
+    """1 process with random_init weights vs 2 DDP processes loading the same weights from a
+    KAD-style checkpoint file (random_init draws from a fixed seed): identical metrics."""
     architecture = write_json(tmp_path / "tiny_devide.json", tiny_devide_architecture())
-    common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.random_init", "true",
-              "--model.tokenizer", tokenizer_dir, "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    one = cli(*common, "--out", str(tmp_path / "one"))
+    checkpoint = tmp_path / "devide_tiny.pt"
+    torch.save(released_layout(DeViDe(architecture, random_init=True, tokenizer=tokenizer_dir)), checkpoint)
+    common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.tokenizer", tokenizer_dir,
+              "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
+    one = cli(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*common, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))
+    two = cli(*common, "--model.checkpoint", str(checkpoint), "--trainer.devices", "2", "--trainer.strategy", "ddp",
+              "--out", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
-    a, b = (tmp_path / "one" / "metrics.json").read_text(), (tmp_path / "two" / "metrics.json").read_text()
-    strip = lambda text: {k: v for k, v in json.loads(text).items() if k != "provenance"}  # noqa: E731
-    assert strip(a) == strip(b)
-    assert json.dumps(strip(a)["datasets"], sort_keys=True) == json.dumps(strip(b)["datasets"], sort_keys=True)
-    mean = json.loads(a)["datasets"]["demo"]["mean"]
+    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
+    assert a["random_weights"] is True and b["random_weights"] is False
+    assert b["config"]["model"]["init_args"]["checkpoint"] == str(checkpoint) and b["provenance"]["world_size"] == 2
+    assert json.dumps(a["datasets"], sort_keys=True) == json.dumps(b["datasets"], sort_keys=True)
+    mean = a["datasets"]["demo"]["mean"]
     assert mean["n_pos"] + mean["n_neg"] == 12 * 8
