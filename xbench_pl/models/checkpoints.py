@@ -8,14 +8,33 @@ layout, ``drop_aliases`` removes duplicate keys after checking they are identica
 keys matching a family's declared ``ignore_unexpected`` patterns (training-only or unused
 entries) may be left out, and nothing is loaded with ``strict=False``.
 
-Files are read with ``torch.load(weights_only=True)``: tensors and plain Python containers
-only; a pickled foreign class (an OmegaConf config, a numpy array) is refused with a message
-naming it and how to convert the file once.
+No weights file runs code by default (``read_checkpoint``):
+
+* ``torch.save`` files: ``torch.load(weights_only=True)``, tensors and plain containers only. A
+  family may allow a few more globals *by name* (``safe_globals``): harmless builtins
+  (``dict``, ``collections.defaultdict``, ``typing.Any`` ...) or inert stand-in records
+  (``inert_class``) for foreign classes whose objects are only carried along (CARZero's
+  OmegaConf config and Lightning callback keys); neither omegaconf nor Lightning is imported.
+* TorchScript archives (OpenAI's CLIP release): never ``torch.jit.load``; ``read_torchscript``
+  unpickles ``data.pkl`` with ``RestrictedUnpickler`` (``__torch__`` modules become inert records,
+  tensors are rebuilt from the archive's storages by allow-listed functions, anything else is
+  refused) and collects parameters and buffers by the ``__parameters__``/``__buffers__`` lists
+  of the archive's ``code/`` (read as text, never run), named as ``state_dict()`` names them.
+* safetensors: no code by design.
+
+A file that needs anything else is refused with a ``CheckpointError`` naming every global it
+references beyond the allowed ones. ``trust=True`` (a model's ``trust_checkpoint``, CLI
+``--model.trust_checkpoint true``) is the explicit opt-in: ``torch.load(weights_only=False)`` /
+``torch.jit.load``, which run code from the file; use it only for files you trust.
 """
 
 from __future__ import annotations
 
+import collections
+import io
+import pickle
 import re
+import typing
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -39,34 +58,290 @@ def is_torchscript(path: Path) -> bool:
         return any(name.endswith("/constants.pkl") or name == "constants.pkl" for name in archive.namelist())
 
 
-def read_checkpoint(path: Path) -> object:
-    """The object stored in a checkpoint file (``torch.load(weights_only=True)``, safetensors or
-    TorchScript), on the CPU; ``CheckpointError`` naming the file if it cannot be read."""
+TRUST_OPT_IN = ("If you trust the file, opt in with trust_checkpoint=True (CLI: --model.trust_checkpoint true), "
+                "which reads it with {how}: that can run code from the file")
+
+# harmless builtins a family may allow by name (protocol-2 pickles name builtins ``__builtin__.*``)
+PLAIN_GLOBALS: dict[str, object] = {
+    "builtins.dict": dict, "builtins.list": list, "builtins.int": int, "builtins.float": float,
+    "builtins.tuple": tuple, "builtins.set": set, "builtins.str": str, "builtins.bool": bool,
+    "collections.OrderedDict": collections.OrderedDict, "collections.defaultdict": collections.defaultdict,
+    "typing.Any": typing.Any,
+}
+_PY2_BUILTINS = {"__builtin__.dict": "builtins.dict", "__builtin__.list": "builtins.list",
+                 "__builtin__.long": "builtins.int", "__builtin__.int": "builtins.int",
+                 "__builtin__.float": "builtins.float", "__builtin__.tuple": "builtins.tuple",
+                 "__builtin__.set": "builtins.set", "__builtin__.unicode": "builtins.str",
+                 "__builtin__.bool": "builtins.bool"}
+
+
+class InertRecord:
+    """Stand-in for a class a checkpoint pickles but whose code must not run: construction and
+    ``__setstate__`` only record what the pickle gives (``args``, ``state``); no method of the
+    real class exists here. ``state`` is the pickled ``__dict__`` (or state tuple)."""
+
+    def __init__(self, *args, **kwargs):
+        self.__dict__["args"], self.__dict__["kwargs"] = args, kwargs
+
+    def __setstate__(self, state):
+        self.__dict__["state"] = state
+
+    def __repr__(self) -> str:
+        return f"<inert {type(self).__module__}.{type(self).__qualname__}>"
+
+
+_INERT_CLASSES: dict[str, type] = {}
+
+
+def inert_class(dotted: str) -> type:
+    """The (cached) ``InertRecord`` subclass standing in for class ``dotted`` (``module.Name``)."""
+    if dotted not in _INERT_CLASSES:
+        module, _, name = dotted.rpartition(".")
+        _INERT_CLASSES[dotted] = type(name, (InertRecord,), {"__module__": module, "__qualname__": name})
+    return _INERT_CLASSES[dotted]
+
+
+def _allowed_globals(names: Iterable[str]) -> list[tuple[object, str]]:
+    """``(object, dotted name)`` pairs for ``torch.serialization.safe_globals``: harmless builtins
+    as themselves, every other name as an inert stand-in class."""
+    allowed = []
+    for name in names:
+        plain = PLAIN_GLOBALS.get(_PY2_BUILTINS.get(name, name))
+        if plain is None:
+            allowed.append((inert_class(name), name))
+        elif name.startswith("builtins.") or name.startswith("__builtin__."):
+            allowed.append(plain)  # torch maps protocol-2 __builtin__ names to builtins itself
+        else:
+            allowed.append((plain, name))
+    return allowed
+
+
+def _unsafe_globals(path: Path, allowed: Iterable[str]) -> list[str]:
+    """Globals the pickle of ``path`` references beyond torch's and ``allowed`` (read, never run)."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001  (naming them is a courtesy; the refusal stands)
+        return []
+    allowed = {_PY2_BUILTINS.get(a, a) for a in allowed}
+    return sorted(g for g in found if _PY2_BUILTINS.get(g, g) not in allowed)
+
+
+def read_checkpoint(path: Path, trust: bool = False, safe_globals: Iterable[str] = ()) -> object:
+    """The object stored in a checkpoint file, on the CPU, without running code from it.
+
+    ``torch.load(weights_only=True)`` (plus ``safe_globals``: dotted names allowed as harmless
+    builtins or inert stand-ins, see the module docstring), ``read_torchscript`` for TorchScript
+    archives, safetensors. ``trust=True`` is the opt-in for files needing more (full unpickling /
+    ``torch.jit.load``). ``CheckpointError`` names the file, and what it needs when refused."""
     path = Path(path)
+    safe_globals = tuple(safe_globals)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(path), device="cpu")
         if is_torchscript(path):
-            state = torch.jit.load(str(path), map_location="cpu").state_dict()
+            if trust:
+                state = torch.jit.load(str(path), map_location="cpu").state_dict()
+                return {k: v for k, v in state.items() if k not in OPENAI_JIT_EXTRAS}
+            state = read_torchscript(path)
             return {k: v for k, v in state.items() if k not in OPENAI_JIT_EXTRAS}
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_allowed_globals(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as error:
         if "weights only load failed" in str(error).lower():
+            if trust:
+                try:
+                    return torch.load(path, map_location="cpu", weights_only=False)
+                except Exception as trusted_error:
+                    raise CheckpointError(f"cannot read checkpoint {path} even with trust_checkpoint=True (full unpickling): "
+                                          f"{type(trusted_error).__name__}: {trusted_error}") from trusted_error
+            unsafe = _unsafe_globals(path, safe_globals)
             found = next((line.strip() for line in str(error).splitlines() if "GLOBAL" in line or "global" in line), "")
+            named = f"globals {unsafe}" if unsafe else found.split(" by default")[0][:300]
             raise CheckpointError(
                 f"cannot read checkpoint {path} with weights_only=True: it pickles a type that is not plain data "
-                f"({found.split(' by default')[0][:300]}). Nothing unsafe is unpickled here. If the file is trusted, convert it once to "
-                "tensors and plain containers, e.g. keep only its state dicts: "
+                f"({named}). Nothing from the file was run. {TRUST_OPT_IN.format(how='torch.load(weights_only=False)')}; "
+                "or convert it once to tensors and plain containers, e.g. keep only its state dicts: "
                 "c = torch.load(F, weights_only=False); torch.save({k: c[k] for k in KEYS}, OUT)") from error
         raise CheckpointError(f"cannot read checkpoint {path}: {type(error).__name__}: {error} "
                               "(truncated download, or not a PyTorch/safetensors state dict?)") from error
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint file, unwrapped (``state_dict`` entry, ``module.`` prefix, JIT extras)."""
-    state = read_checkpoint(path)
+# -- TorchScript archives, read without torch.jit.load -----------------------------------------
+_STORAGE_DTYPES = {
+    "torch.FloatStorage": torch.float32, "torch.HalfStorage": torch.float16, "torch.BFloat16Storage": torch.bfloat16,
+    "torch.DoubleStorage": torch.float64, "torch.LongStorage": torch.int64, "torch.IntStorage": torch.int32,
+    "torch.ShortStorage": torch.int16, "torch.CharStorage": torch.int8, "torch.ByteStorage": torch.uint8,
+    "torch.BoolStorage": torch.bool,
+}
+
+
+class _StorageType:
+    """What a ``torch.*Storage`` global stands for here: only its dtype."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+
+def _rebuild_tensor(storage: torch.Tensor, offset: int, size, stride, *_ignored) -> torch.Tensor:
+    """Inert twin of ``torch._utils._rebuild_tensor_v2``: a view of the flat storage tensor
+    (``requires_grad``, backward hooks and metadata are dropped)."""
+    return storage.as_strided(tuple(size), tuple(stride), offset)
+
+
+def _rebuild_parameter(data: torch.Tensor, *_ignored) -> torch.Tensor:
+    return data
+
+
+class _ScriptModule(InertRecord):
+    """Base of the stand-ins for a TorchScript archive's ``__torch__.*`` classes."""
+
+    qualified = ""
+
+
+class _Refused:
+    """A global that is not allowed: recorded, and inert if the pickle calls it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles a TorchScript ``data.pkl`` without running anything from it.
+
+    ``find_class`` answers only: ``__torch__.*`` classes (not ``__torch__.torch.classes``, which
+    are C++ objects with code) -> inert ``_ScriptModule`` stand-ins recording their state;
+    ``torch.*Storage`` -> a dtype; ``torch._utils._rebuild_tensor_v2`` / ``_rebuild_parameter``
+    and ``torch.jit._pickle`` list builders -> inert twins; ``collections.OrderedDict``. Every
+    other global is recorded in ``refused`` (and replaced by an inert placeholder); the caller
+    raises naming them. Storages (``persistent_load``) are read from ``data/`` of the archive."""
+
+    INERT = {
+        "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
+        "torch._utils._rebuild_tensor": _rebuild_tensor,
+        "torch._utils._rebuild_parameter": _rebuild_parameter,
+        "torch.jit._pickle.build_intlist": list,
+        "torch.jit._pickle.build_doublelist": list,
+        "torch.jit._pickle.build_boollist": list,
+        "torch.jit._pickle.build_tensorlist": list,
+        "torch.jit._pickle.restore_type_tag": lambda value, _type=None: value,
+        "collections.OrderedDict": collections.OrderedDict,
+    }
+
+    def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str):
+        super().__init__(io.BytesIO(data))
+        self.archive, self.prefix = archive, prefix
+        self.refused: list[str] = []
+        self.classes: dict[str, type] = {}
+        self.storages: dict[str, torch.Tensor] = {}
+
+    def find_class(self, module: str, name: str):
+        dotted = f"{module}.{name}"
+        if dotted in self.INERT:
+            return self.INERT[dotted]
+        if dotted in _STORAGE_DTYPES:
+            return _StorageType(_STORAGE_DTYPES[dotted])
+        if (module == "__torch__" or module.startswith("__torch__.")) and not module.startswith("__torch__.torch.classes"):
+            if dotted not in self.classes:
+                self.classes[dotted] = type(name, (_ScriptModule,), {"__module__": module, "__qualname__": name,
+                                                                      "qualified": dotted})
+            return self.classes[dotted]
+        if dotted not in self.refused:
+            self.refused.append(dotted)
+        return _Refused(dotted)
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+            raise pickle.UnpicklingError(f"unsupported persistent id {str(pid)[:80]}")
+        _, storage_type, key, _location, numel = pid
+        if key not in self.storages:
+            raw = bytearray(self.archive.read(f"{self.prefix}data/{key}"))
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+            self.storages[key] = flat.view(storage_type.dtype)[:numel] if raw else torch.empty(0, dtype=storage_type.dtype)
+        return self.storages[key]
+
+
+_CLASS_LINE = re.compile(r"^class ([\w.]+)\(Module\):", re.M)
+_LIST_LINE = re.compile(r"^\s+__(parameters|buffers)__ = \[(.*?)\]", re.M)
+
+
+def _script_classes(archive: zipfile.ZipFile, prefix: str) -> dict[str, tuple[list[str], list[str]]]:
+    """``{qualified class: (parameter names, buffer names)}`` from the archive's ``code/*.py``,
+    read as text (TorchScript writes ``__parameters__ = [...]``/``__buffers__ = [...]`` per module)."""
+    classes = {}
+    for name in archive.namelist():
+        if not (name.startswith(f"{prefix}code/") and name.endswith(".py")):
+            continue
+        module = name[len(f"{prefix}code/"):-len(".py")].replace("/", ".")
+        text = archive.read(name).decode("utf-8", "replace")
+        heads = list(_CLASS_LINE.finditer(text))
+        for i, head in enumerate(heads):
+            body = text[head.end(): heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+            lists = {kind: re.findall(r'"([^"]*)"', items) for kind, items in _LIST_LINE.findall(body)}
+            classes[f"{module}.{head.group(1)}"] = (lists.get("parameters", []), lists.get("buffers", []))
+    return classes
+
+
+def read_torchscript(path: Path) -> dict[str, torch.Tensor]:
+    """Parameters and buffers of a TorchScript archive, named as its ``state_dict()``, without
+    ``torch.jit.load``: nothing from the archive runs (see ``RestrictedUnpickler``)."""
+    path = Path(path)
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        pickles = [n for n in names if n.endswith("data.pkl") and n.count("/") <= 1 and not n.startswith(".")]
+        if len(pickles) != 1:
+            raise CheckpointError(f"cannot read TorchScript archive {path}: expected one data.pkl record, found {pickles}")
+        prefix = pickles[0][: -len("data.pkl")]
+        if f"{prefix}byteorder" in names and archive.read(f"{prefix}byteorder").strip() not in (b"little", b""):
+            raise CheckpointError(f"TorchScript archive {path} was written big-endian; only little-endian archives are read")
+        unpickler = RestrictedUnpickler(archive.read(pickles[0]), archive, prefix)
+        try:
+            root = unpickler.load()
+            failure = None
+        except Exception as error:  # noqa: BLE001  (reported below, after any refused globals)
+            root, failure = None, error
+        if unpickler.refused:
+            raise CheckpointError(
+                f"refusing TorchScript archive {path}: its pickle references globals that are not tensors or modules: "
+                f"{unpickler.refused}. Nothing from the file was run. "
+                f"{TRUST_OPT_IN.format(how='torch.jit.load')}") from failure
+        if failure is not None:
+            raise CheckpointError(f"cannot read TorchScript archive {path}: {type(failure).__name__}: {failure} "
+                                  "(truncated or damaged file?)") from failure
+        classes = _script_classes(archive, prefix)
+    if not isinstance(root, _ScriptModule):
+        raise CheckpointError(f"TorchScript archive {path} holds a {type(root).__name__}, not a scripted module")
+    state: dict[str, torch.Tensor] = {}
+    _collect_module_state(root, classes, "", state, path)
+    return state
+
+
+def _collect_module_state(module: _ScriptModule, classes: dict, prefix: str, out: dict, path: Path) -> None:
+    if module.qualified not in classes:
+        raise CheckpointError(f"TorchScript archive {path}: no __parameters__/__buffers__ declaration for class "
+                              f"{module.qualified} in its code/ folder; cannot tell weights from attributes. "
+                              f"{TRUST_OPT_IN.format(how='torch.jit.load')}")
+    attributes = module.__dict__.get("state")
+    attributes = attributes if isinstance(attributes, dict) else {}
+    parameters, buffers = classes[module.qualified]
+    for name in (*parameters, *buffers):
+        if isinstance(attributes.get(name), torch.Tensor):
+            out[prefix + name] = attributes[name]
+    for name, value in attributes.items():
+        if isinstance(value, _ScriptModule):
+            _collect_module_state(value, classes, f"{prefix}{name}.", out, path)
+
+
+def read_state_dict(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file, unwrapped (``state_dict`` entry, ``module.`` prefix, JIT extras);
+    ``trust``: see ``read_checkpoint``."""
+    state = read_checkpoint(path, trust=trust)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):

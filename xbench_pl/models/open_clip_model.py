@@ -9,7 +9,10 @@ itself when it is a folder, else the copy shipped in ``configs/hf/<hub id>/``.
 
 Weights: ``checkpoint`` is OpenAI's TorchScript release (``ViT-B-16.pt``), an open_clip state
 dict (``.bin``/``.pt``/``.pth``/``.safetensors``; a training checkpoint's ``state_dict`` and a
-DDP ``module.`` prefix are unwrapped) or a model folder such as BiomedCLIP's release. Nothing
+DDP ``module.`` prefix are unwrapped) or a model folder such as BiomedCLIP's release. No file
+runs code: OpenAI's TorchScript archive is read without ``torch.jit.load`` (its tensors only,
+``checkpoints.read_torchscript``) and pickles with ``weights_only=True``; ``trust_checkpoint=True``
+is the explicit opt-in for a file that needs more (``torch.jit.load`` / full unpickling). Nothing
 downloads: ``"openai"`` or ``hf-hub:`` names fail with the list of local files needed. Keys and
 shapes must match the architecture exactly; otherwise the error lists the missing, unexpected
 and mis-shaped keys.
@@ -183,6 +186,8 @@ class OpenCLIPModel(ZeroShotModel):
         score: ``"softmax"`` over the prompt pair, or ``"cosine"``.
         text_batch_size: prompts per text-encoder forward when building the embedding cache.
         random_init: allow running without weights (tests, smoke runs).
+        trust_checkpoint: read a checkpoint that needs more than tensors with ``torch.jit.load`` /
+            full unpickling, which runs code from the file (only for files you trust).
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
@@ -196,6 +201,7 @@ class OpenCLIPModel(ZeroShotModel):
         score: str = "softmax",
         text_batch_size: int = 256,
         random_init: bool = False,
+        trust_checkpoint: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -215,7 +221,7 @@ class OpenCLIPModel(ZeroShotModel):
         if isinstance(self.model.visual, VisionTransformer):
             self.model.visual.output_tokens = True  # forward returns (pooled, unprojected tokens)
         if checkpoint_file is not None:
-            load_weights(self.model, read_state_dict(checkpoint_file), str(checkpoint_file))
+            load_weights(self.model, read_state_dict(checkpoint_file, trust=trust_checkpoint), str(checkpoint_file))
         else:
             self.warn_random_weights()
         self.preprocess = preprocess_for(self.model, preprocess_cfg)

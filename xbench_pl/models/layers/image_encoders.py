@@ -130,7 +130,8 @@ class ViTPatches(nn.Module):
                                    mlp=intermediate_size, eps=layer_norm_eps)
         self.layernorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """All final-layernormed hidden states, class token first: ``[B, 1 + N, C]``."""
         grid = self.embeddings.grid
         if images.shape[-2] // self.embeddings.patch_embeddings.projection.stride[0] != grid[0] or images.shape[-2] != images.shape[-1]:
             raise ValueError(f"ViTPatches expects {grid[0]}x{grid[1]} patches (a square input of its image_size), "
@@ -139,4 +140,7 @@ class ViTPatches(nn.Module):
         x = torch.cat([self.embeddings.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.embeddings.position_embeddings
         for layer in self.encoder.layer:
             x = layer(x)
-        return self.layernorm(x)[:, 1:], grid
+        return self.layernorm(x)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        return self.forward_features(images)[:, 1:], self.embeddings.grid

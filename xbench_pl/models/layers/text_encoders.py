@@ -123,11 +123,19 @@ class BertModel(nn.Module):
             raise FileNotFoundError(f"BERT config not found: {path} (a Hugging Face config.json)")
         return cls(**{**json.loads(path.read_text()), **overrides})
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """The embedding output and every layer's output (``num_hidden_layers + 1`` tensors ``[N, T, H]``),
+        as Hugging Face's ``output_hidden_states=True`` gives them."""
         x = self.embeddings(input_ids)
         additive = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        states = [x]
         for layer in self.encoder.layer:
             x = layer(x, additive)
+            states.append(x)
+        return states
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.hidden_states(input_ids, attention_mask)[-1]
         pooled = None if self.pooler is None else torch.tanh(self.pooler.dense(x[:, 0]))
         return x, pooled
 
