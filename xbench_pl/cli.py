@@ -39,11 +39,13 @@ PROG = "python -m xbench_pl"
 DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily (no import cycle)
-COMMANDS = {c: f"xbench_pl.{c}" for c in ("describe",)}
+COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html"}
 #: one line per command for ``--help``
 SUMMARIES = {
     "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
     "describe": "count a dataset's images, positives and regions per finding and list its input problems",
+    "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
+    "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
 
 
@@ -93,6 +95,11 @@ class XBenchCLI(LightningCLI):
         parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
         parser.add_argument("--model_name", type=Optional[str], default=None,
                             help="the model's name in the report (default: the --model value as given)")
+        # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
+        parser.link_arguments("out", "trainer.default_root_dir")
+
+    def before_test(self) -> None:
+        self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
 
     def instantiate_trainer(self, **kwargs):
         try:
@@ -154,6 +161,9 @@ def quiet_lightning(short_warnings: bool = True) -> None:
 
 
 def run_test(argv: list[str], from_command_line: bool) -> int:
+    from xbench_pl.callbacks import wandb_offline_by_default
+
+    wandb_offline_by_default()  # a WandbLogger runs offline unless WANDB_MODE says otherwise (sync later: wandb sync)
     resolved = resolve_names(argv)
     # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table
     resolved = ["--verbose", "false", *resolved]

@@ -8,6 +8,7 @@ Grounding functions take maps and masks already in one frame: ``maps [N, H, W]``
 from __future__ import annotations
 
 import torch
+from torchmetrics.functional.classification import binary_calibration_error
 
 #: Pixels within this fraction of a map's value range of its maximum count as maximal,
 #: and a map whose range is below this fraction of its magnitude counts as constant:
@@ -188,3 +189,48 @@ def f1_accuracy(scores: torch.Tensor, labels: torch.Tensor, threshold: float = 0
     total = (tp + fp + fn + tn).double()
     accuracy = torch.where(total > 0, (tp + tn).double() / total.clamp_min(1), float("nan"))
     return f1, accuracy
+
+
+#: Confidence bins of the reliability diagram and ``ece`` (torchmetrics' default for calibration error).
+CALIBRATION_BINS = 15
+
+
+def _sorted_pairs(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (float64) and labels ordered by (score, label): one order for any split or sample order,
+    so float sums over them give the same digits on 1 or N processes."""
+    scores, labels = scores.double(), labels.long()
+    order = torch.argsort(labels, stable=True)
+    scores, labels = scores[order], labels[order]
+    order = torch.argsort(scores, stable=True)
+    return scores[order], labels[order]
+
+
+def expected_calibration_error(scores: torch.Tensor, labels: torch.Tensor, n_bins: int = CALIBRATION_BINS) -> torch.Tensor:
+    """Expected calibration error of one finding's probabilities ``scores [N]`` against 0/1 ``labels [N]``:
+    ``sum_b |acc_b - conf_b| * n_b / N`` over ``n_bins`` equal-width confidence bins (torchmetrics'
+    ``binary_calibration_error``, ``norm="l1"``), float64 on the samples sorted by (score, label);
+    NaN without samples."""
+    if scores.numel() == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    scores, labels = _sorted_pairs(scores, labels)
+    return binary_calibration_error(scores, labels, n_bins=n_bins, norm="l1").double()
+
+
+def reliability_bins(scores: torch.Tensor, labels: torch.Tensor, n_bins: int = CALIBRATION_BINS) -> dict[str, torch.Tensor]:
+    """The reliability diagram of one finding: per equal-width confidence bin (torchmetrics' binning,
+    a score of 1 in the last bin) the sample count (int64), the mean score and the fraction of
+    positives (float64, NaN for an empty bin); ``edges`` ``[n_bins + 1]``."""
+    scores, labels = _sorted_pairs(scores, labels)
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
+    index = (torch.bucketize(scores, edges, right=True) - 1).clamp(0, n_bins - 1)
+    count = torch.bincount(index, minlength=n_bins)
+    positives = torch.bincount(index, weights=labels.double(), minlength=n_bins)
+    total = torch.zeros(n_bins, dtype=torch.float64).index_add(0, index, scores)
+    empty = count == 0
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    return {
+        "edges": edges,
+        "count": count,
+        "confidence": torch.where(empty, nan, total / count.clamp_min(1)),
+        "accuracy": torch.where(empty, nan, positives / count.clamp_min(1)),
+    }

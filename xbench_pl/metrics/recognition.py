@@ -1,4 +1,4 @@
-"""Recognition metrics per class: AUROC, average precision, F1 and Hamming accuracy, in float64.
+"""Recognition metrics per class: AUROC, average precision, F1, Hamming accuracy and calibration error, in float64.
 
 Scores are the model's probability that a finding is present, in [0, 1]. F1 and Hamming
 accuracy binarise at ``threshold`` (default 0.5; ``score > threshold`` as torchmetrics does).
@@ -6,7 +6,10 @@ The definitions are torchmetrics' (``MultilabelAUROC``, ``MultilabelAveragePreci
 ``MultilabelF1Score(zero_division=0)``, ``MultilabelAccuracy``, ``average=None``), computed by
 the functional twins in ``functional.py`` from exact integer counts in float64: torchmetrics
 divides its counts in float32, which would put artefacts such as 0.1666666716 into
-``metrics.json``.
+``metrics.json``. ``ece`` is torchmetrics' ``binary_calibration_error`` (15 equal-width bins, L1)
+of each finding's scores, in float64 on the samples sorted by (score, label), so 1 or N processes
+give the same digits; ``n_bin``, ``bin_confidence``, ``bin_accuracy`` ``[C, bins]`` are the reliability
+diagram behind it (``functional.reliability_bins``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,18 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from xbench_pl.metrics.functional import auroc, average_precision, f1_accuracy
+from xbench_pl.metrics.functional import (
+    CALIBRATION_BINS,
+    auroc,
+    average_precision,
+    expected_calibration_error,
+    f1_accuracy,
+    reliability_bins,
+)
+
+
+#: ``compute`` keys of the reliability diagram -> ``reliability_bins`` keys
+RELIABILITY = {"n_bin": "count", "bin_confidence": "confidence", "bin_accuracy": "accuracy"}
 
 
 class Recognition(Metric):
@@ -32,9 +46,9 @@ class Recognition(Metric):
     higher_is_better = True
     is_differentiable = False
 
-    def __init__(self, num_classes: int, threshold: float = 0.5, **kwargs):
+    def __init__(self, num_classes: int, threshold: float = 0.5, n_bins: int = CALIBRATION_BINS, **kwargs):
         super().__init__(**kwargs)
-        self.num_classes, self.threshold = num_classes, threshold
+        self.num_classes, self.threshold, self.n_bins = num_classes, threshold, n_bins
         self.add_state("positives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("negatives", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("scores", [], dist_reduce_fx="cat")
@@ -64,12 +78,16 @@ class Recognition(Metric):
         scores, labels = dim_zero_cat(self.scores).cpu(), dim_zero_cat(self.labels).cpu()
         columns = range(self.num_classes)
         f1, accuracy = f1_accuracy(scores, labels, self.threshold)
+        bins = [reliability_bins(scores[:, c], labels[:, c], self.n_bins) for c in columns]
         # read inside compute: torchmetrics restores the local (unsynced) states afterwards
         return {
             "auroc": torch.stack([auroc(scores[:, c], labels[:, c]) for c in columns]),
             "auprc": torch.stack([average_precision(scores[:, c], labels[:, c]) for c in columns]),
             "f1": f1,
             "hamming_acc": accuracy,
+            "ece": torch.stack([expected_calibration_error(scores[:, c], labels[:, c], self.n_bins) for c in columns]),
+            # the reliability diagram per class [C, n_bins]: samples, mean score, fraction positive
+            **{key: torch.stack([b[part] for b in bins]) for key, part in RELIABILITY.items()},
             "n_pos": self.positives.clone(),
             "n_neg": self.negatives.clone(),
         }

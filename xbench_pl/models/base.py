@@ -2,7 +2,8 @@
 
 A model subclasses ``ZeroShotModel``, sets ``self.preprocess`` (its own input spec) and
 implements ``zero_shot``. ``test_step`` maps each saliency map back to its original image
-through the batch's affine and feeds the benchmark metrics; nothing model-specific there.
+through the batch's affine and feeds the benchmark metrics; nothing model-specific there. It
+returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never recompute).
 """
 
 from __future__ import annotations
@@ -23,14 +24,27 @@ from xbench_pl.metrics import BenchmarkMetrics
 class ZeroShotOutput:
     """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
     saliency ``[B, C, h, w]``: where the model locates finding c, on its native grid, which
-    spans the whole model input (``preprocess.size`` square); larger = more salient.
-    logits ``[B, C]`` (optional): the model's raw score as its authors compute it, before any
-    mapping to ``scores`` (a model whose authors score in [0, 1] may leave it ``None``); the
-    benchmark metrics read ``scores`` only."""
+    spans the whole model input (``preprocess.size`` square); larger = more salient."""
 
     scores: torch.Tensor
     saliency: torch.Tensor
-    logits: torch.Tensor | None = None
+
+
+@dataclass
+class TestStepOutput:
+    """What ``test_step`` returns, i.e. what callbacks get as ``outputs`` in ``on_test_batch_end``.
+
+    ``output``: the model's ``ZeroShotOutput`` for the whole batch (stand-in samples included).
+    ``maps [K, E, E]``: the counted (image, finding) pairs' saliency warped to the eval grid, raw
+    (the maps the benchmark judges); ``masks [K, E, E]``: their regions; ``pairs [K, 2]``: each
+    pair's (sample, class) index into the batch. Only references to tensors the step computed
+    anyway: a callback that keeps some must copy them.
+    """
+
+    output: ZeroShotOutput
+    maps: torch.Tensor
+    masks: torch.Tensor
+    pairs: torch.Tensor
 
 
 class ZeroShotModel(L.LightningModule):
@@ -49,6 +63,7 @@ class ZeroShotModel(L.LightningModule):
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
         self.benchmark = nn.ModuleDict()
         self.results: dict[str, dict] = {}
+        self.curves: dict[str, dict] = {}  # per dataset: Dice/IoU against tau, reliability bins (BenchmarkMetrics.curves)
         self.random_weights = False  # set by warn_random_weights; reports say so
         # with fewer images than ranks some rank has nothing to test: fine, its metrics still sync
         self.allow_zero_length_dataloader_with_multiple_devices = True
@@ -73,7 +88,7 @@ class ZeroShotModel(L.LightningModule):
         for spec in getattr(datamodule, "dataset_specs", []):
             self.add_dataset(spec.name, spec.classes)
 
-    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
         output = self.zero_shot(batch.images, batch.classes)
         b, c = batch.labels.shape
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
@@ -92,11 +107,13 @@ class ZeroShotModel(L.LightningModule):
         # the native map spans the input the model was given: take its size from the batch itself
         maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
                                  batch.original_size[sample], batch.region_masks.shape[-1])
-        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps,
-                                             batch.region_masks[counted_pairs], cls)
+        masks = batch.region_masks[counted_pairs]
+        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls)
+        return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
+        self.curves = {name: metrics.curves for name, metrics in self.benchmark.items()}  # for plots (callbacks)
         # straight to the loggers (W&B, CSV, ...), from rank zero, in float64: these numbers are already
         # synced, so Lightning's self.log (which would cast to float32 and ask for sync_dist) is not used
         means = {f"{name}/{key}": value for name, table in self.results.items()
