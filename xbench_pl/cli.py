@@ -39,11 +39,12 @@ PROG = "python -m xbench_pl"
 DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily (no import cycle)
-COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html"}
+COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score"}
 #: one line per command for ``--help``
 SUMMARIES = {
     "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
     "describe": "count a dataset's images, positives and regions per finding and list its input problems",
+    "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
@@ -78,6 +79,11 @@ def resolve_names(argv: list[str]) -> list[str]:
     return out
 
 
+def report_config(settings: dict) -> dict:
+    """The config ``metrics.json`` records (and a prediction store's manifest): model, data, precision."""
+    return {"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")}
+
+
 def datamodule_problems(datamodule) -> dict[str, list]:
     return {dm.name: list(dm.problems) for dm in datamodule.datamodules}
 
@@ -95,6 +101,15 @@ class XBenchCLI(LightningCLI):
         parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
         parser.add_argument("--model_name", type=Optional[str], default=None,
                             help="the model's name in the report (default: the --model value as given)")
+        parser.add_argument("--predictions", type=Optional[str], default=None,
+                            help="prediction store folder: save every score and native-grid map as the run goes "
+                                 "(re-score with: score --predictions DIR)")
+        parser.add_argument("--resume", type=bool, default=False,
+                            help="continue the --predictions store of an interrupted run: skip the images it holds")
+        parser.add_argument("--predictions_dtype", type=str, default="float16",
+                            help="dtype of the stored maps: float16 (half the size) or float32 (bit-identical re-scoring)")
+        parser.add_argument("--predictions_shard_images", type=int, default=64,
+                            help="images of one dataset per shard and rank (a crash loses at most these)")
         # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
         parser.link_arguments("out", "trainer.default_root_dir")
 
@@ -103,19 +118,42 @@ class XBenchCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
         except (TypeError, ValueError) as error:  # Trainer's own checks of its arguments
             raise UsageError(f"--trainer: {error}") from error
+        self.add_prediction_store(trainer)
+        return trainer
+
+    def settings(self) -> dict:
+        """The resolved options of this run's subcommand, as plain YAML data."""
+        return yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))[self.subcommand]
+
+    def add_prediction_store(self, trainer) -> None:
+        """``--predictions DIR [--resume] [--predictions_dtype D]``: a ``PredictionWriter`` on the trainer."""
+        settings = self.settings()
+        if not settings.get("predictions"):
+            if settings.get("resume"):
+                raise UsageError("--resume continues a prediction store: give its folder with --predictions DIR")
+            return
+        from xbench_pl.callbacks.predictions import PredictionWriter
+
+        try:
+            writer = PredictionWriter(settings["predictions"], dtype=settings["predictions_dtype"], resume=settings["resume"],
+                                      shard_images=settings["predictions_shard_images"], config=report_config(settings),
+                                      model_name=settings.get("model_name"))
+        except ValueError as error:
+            raise UsageError(f"--predictions: {error}") from error
+        trainer.callbacks.append(writer)
 
     def after_test(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))[self.subcommand]
+        settings = self.settings()
         report = build_report(
             model=settings.get("model_name") or settings["model"]["class_path"],
             results=self.model.results,
             problems=datamodule_problems(self.datamodule),
-            config={"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")},
+            config=report_config(settings),
             random_weights=bool(getattr(self.model, "random_weights", False)),
             provenance=provenance(self.trainer, self.started),
         )

@@ -59,8 +59,9 @@ class Batch:
     gives each pair's (sample, class) index.
     index ``[B]``: position of each sample in its dataset.
     counted ``[B]`` bool: False only for the stand-in sample a DDP rank without data of its own
-    processes so that it takes part in the metric sync (``EvalDistributedSampler``); models
-    compute it, metrics never count it.
+    processes so that it takes part in the metric sync (``EvalDistributedSampler``), or a loader
+    whose images were all skipped (``skip_ids``) processes so that the test epoch still ends;
+    models compute it, metrics never count it.
     """
 
     images: torch.Tensor
@@ -101,6 +102,26 @@ class XBenchDataset(Dataset):
         if image.shape != (height, width):
             # the decoded copy is the original rescaled per axis (w / W, h / H): fold it in so affine maps original -> input
             affine = affine * torch.tensor([image.shape[1] / width, image.shape[0] / height, 1.0, 1.0], dtype=affine.dtype)
+        labels, region_masks, region_class = self.targets(index, height, width)
+        return {
+            "image": pixels,
+            "image_id": record.image_id,
+            "dataset": self.name,
+            "original_size": torch.tensor([height, width]),
+            "affine": affine,
+            "labels": labels,
+            "region_masks": region_masks,
+            "region_class": region_class,
+            "index": index,
+            "classes": self.classes,
+            "counted": True,
+        }
+
+    def targets(self, index: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Record ``index``'s labels ``[C]`` (0./1.) and its regions on the eval grid of its ``height x width``
+        original: masks ``[k, E, E]`` bool of the findings with a non-empty region and their class
+        index ``[k]``. Reads no image (re-scoring a prediction store uses this alone)."""
+        record = self.records[index]
         masks, region_class = [], []
         for c, name in enumerate(self.classes):
             regions = record.regions.get(name)
@@ -110,19 +131,8 @@ class XBenchDataset(Dataset):
                     masks.append(torch.from_numpy(mask))
                     region_class.append(c)
         empty = torch.zeros((0, self.eval_size, self.eval_size), dtype=torch.bool)
-        return {
-            "image": pixels,
-            "image_id": record.image_id,
-            "dataset": self.name,
-            "original_size": torch.tensor([height, width]),
-            "affine": affine,
-            "labels": torch.tensor([float(record.labels.get(name, 0)) for name in self.classes]),
-            "region_masks": torch.stack(masks) if masks else empty,
-            "region_class": torch.tensor(region_class, dtype=torch.long),
-            "index": index,
-            "classes": self.classes,
-            "counted": True,
-        }
+        return (torch.tensor([float(record.labels.get(name, 0)) for name in self.classes]),
+                torch.stack(masks) if masks else empty, torch.tensor(region_class, dtype=torch.long))
 
 
 def collate(samples: list[dict]) -> Batch:
@@ -215,6 +225,8 @@ class XBenchDataModule(L.LightningDataModule):
         self.images = ImageStore(cache_dir or os.environ.get(CACHE_ENV) or None, max_side)
         self.problems: list[Problem] = []
         self.test_set: XBenchDataset | None = None
+        # image ids already evaluated elsewhere (a resumed prediction store): the test loader leaves them out
+        self.skip_ids: set[str] = set()
         # where a pooled parent's --data.root expected this dataset's folder, when it is missing
         self.expected_root: Path | None = None
 
@@ -350,11 +362,16 @@ class XBenchDataModule(L.LightningDataModule):
         return [by_id[i] for i in wanted if i in by_id]
 
     def test_dataloader(self) -> DataLoader:
-        return self.make_loader(self.test_set)
+        return self.make_loader(self.test_set, skip=self.skip_ids)
 
-    def make_loader(self, dataset: XBenchDataset) -> DataLoader:
+    def make_loader(self, dataset: XBenchDataset, skip: set[str] | frozenset = frozenset()) -> DataLoader:
+        """Every sample of ``dataset`` but those whose image id is in ``skip``, each exactly once over the ranks."""
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        sampler = EvalDistributedSampler(dataset) if distributed else None
+        indices = [i for i, record in enumerate(dataset.records) if record.image_id not in skip] if skip else None
+        if distributed:
+            sampler = EvalDistributedSampler(dataset, indices)
+        else:  # nothing left: one stand-in (never counted), so that the test loop, and its epoch end, still run
+            sampler = None if indices is None else (indices or [~0])
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -377,9 +394,10 @@ class EvalDistributedSampler(DistributedSampler):
     Lightning keeps it instead of injecting its own.
     """
 
-    def __init__(self, dataset: Dataset):
+    def __init__(self, dataset: Dataset, indices: list[int] | None = None):
         super().__init__(dataset, shuffle=False, drop_last=False)
-        self.indices = list(range(self.rank, len(dataset), self.num_replicas)) or [~0]
+        kept = list(range(len(dataset))) if indices is None else list(indices)  # ``indices``: a subset to sample
+        self.indices = kept[self.rank::self.num_replicas] or [~0]
         self.num_samples = self.total_size = len(self.indices)
 
     def __iter__(self):

@@ -1,0 +1,197 @@
+"""``PredictionWriter``: a trainer callback that saves every prediction of a ``test`` run to a store.
+
+The CLI adds it for ``test --predictions DIR [--resume] [--predictions_dtype float32]``; any
+trainer can add it itself (``trainer.callbacks``, or ``--trainer.callbacks`` in a config).
+It reads what ``ZeroShotModel.test_step`` returns (``outputs``: its ``ZeroShotOutput``) and the
+batch (image ids, affine, original sizes) in ``on_test_batch_end``: it never runs the model. Each
+rank writes its own shards (``xbench_pl.predictions``), every ``shard_images`` images of a dataset
+and at the end of the epoch (or when the run raises), so a crash loses at most the images since
+the last shard.
+
+``resume=True`` continues a store: the images of its intact shards are left out of the test
+loader (``XBenchDataModule.skip_ids``) and fed to the metrics from the store instead, through the
+same warp and ``BenchmarkMetrics.update`` (``predictions.replay``), spread over the ranks; a
+truncated or corrupt shard is set aside (``DIR/corrupt/``) and its images computed again. With a
+float32 store (or a model whose maps are float16) ``metrics.json`` then equals an uninterrupted
+run's byte for byte. A store written by another configuration (model, its config, data config,
+precision, metric settings, dtype, xbench_pl version) is refused, and so is a non-empty store
+without ``resume``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+
+from xbench_pl.predictions import DTYPES, Replayer, Store, StoreError, check_same_config, manifest, replay
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text) or "_"
+
+
+class PredictionWriter(Callback):
+    """Write every (image, finding)'s score and native-grid map of a test run to ``dirpath``.
+
+    Args:
+        dirpath: the store folder (created if missing).
+        dtype: the maps' dtype in the store: ``float16`` (default, half the size), ``bfloat16``
+            or ``float32`` (bit-identical re-scoring and resuming for float32 models).
+        resume: continue the store in ``dirpath`` (skip the images it holds); without it, a
+            store that already holds predictions is refused.
+        shard_images: images of one dataset per shard (a crash loses at most these per rank).
+        config: the run's ``{"model", "data", "precision"}`` config as ``metrics.json`` records it
+            (the CLI passes it); by default the model's and datamodule's class paths, the
+            datasets' names, classes and eval size, and the trainer's precision.
+        model_name: the model's name in the report (the CLI's ``--model`` value).
+    """
+
+    def __init__(self, dirpath: str, dtype: str = "float16", resume: bool = False, shard_images: int = 64,
+                 config: dict | None = None, model_name: str | None = None):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if shard_images < 1:
+            raise ValueError(f"shard_images must be positive, got {shard_images}")
+        self.store = Store(dirpath)
+        self.dtype, self.resume, self.shard_images = dtype, resume, shard_images
+        self.config, self.model_name = config, model_name
+        self.buffers: dict[str, list[dict]] = {}
+        self.pending: list[dict] = []  # stored shards this rank replays into the metrics
+        self.resumed: dict[str, set[str]] = {}  # dataset -> image ids taken from the store
+        self.written = 0
+        self.token = ""
+
+    # -- set-up: the manifest, the check, what to skip --------------------------------------
+    def default_config(self, trainer, pl_module) -> dict:
+        datamodule = trainer.datamodule
+        return {
+            "model": {"class_path": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"},
+            "data": {"class_path": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
+                     "datasets": {spec.name: list(spec.classes) for spec in getattr(datamodule, "dataset_specs", [])},
+                     "eval_size": getattr(datamodule, "eval_size", None)},
+            "precision": str(trainer.precision),
+        }
+
+    def wanted_manifest(self, trainer, pl_module) -> dict:
+        metrics = {k: getattr(pl_module, k, None) for k in ("normalize", "fixed_threshold", "score_threshold")}
+        return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), metrics, self.dtype,
+                        bool(getattr(pl_module, "random_weights", False)))
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "test":
+            return
+        wanted = self.wanted_manifest(trainer, pl_module)
+        stored = self.store.read_manifest()
+        good, bad = self.store.load()  # every rank reads the same files before anyone writes
+        if stored is None and (good or bad):
+            raise StoreError(f"{self.store.shards_dir} holds shards but {self.store.manifest_path} is missing: "
+                             "not a store this package wrote; use another --predictions folder")
+        check_same_config(self.store, stored, wanted)
+        if (good or bad) and not self.resume:
+            raise StoreError(f"the prediction store {self.store} already holds {sum(len(s['image_ids']) for s in good)} "
+                             "image(s); pass --resume to continue it, or choose an empty --predictions folder")
+        children = {dm.name: dm for dm in getattr(trainer.datamodule, "datamodules", [])}
+        done: dict[str, set[str]] = {}
+        for shard in good:
+            name = shard["dataset"]
+            if name not in children:
+                raise StoreError(f"{shard['path']}: dataset {name!r} is not evaluated by this run ({sorted(children)})")
+            known = {record.image_id for record in children[name].test_set.records}
+            unknown = [i for i in shard["image_ids"] if i not in known]
+            if unknown:
+                raise StoreError(f"{shard['path']}: image {unknown[0]!r} (and {len(unknown) - 1} more) is not in "
+                                 f"{name}'s evaluated set; the store was written for another split")
+            done.setdefault(name, set()).update(shard["image_ids"])
+        for name, child in children.items():
+            child.skip_ids = set(done.get(name, ()))
+        self.resumed = done
+        rank, world = trainer.global_rank, trainer.world_size
+        self.pending = good[rank::world]  # each stored shard replayed by one rank: metrics sums are order-free
+        trainer.strategy.barrier("prediction_store_read")
+        if trainer.is_global_zero:
+            if stored is None:
+                self.store.write_manifest(wanted)
+            if bad:
+                rank_zero_warn(f"{len(bad)} unreadable shard(s) set aside in {self.store.root / 'corrupt'} and their images "
+                               "computed again: " + "; ".join(str(b) for b in bad[:3]))
+                self.store.set_aside(bad)
+        trainer.strategy.barrier("prediction_store_ready")
+        self.token = f"{time.time_ns():x}-{os.getpid()}"
+        self.buffers, self.written = {}, 0
+
+    # -- resuming: stored images go into the metrics -----------------------------------------
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        if not self.pending:
+            return
+        children = {dm.name: dm for dm in trainer.datamodule.datamodules}
+        for name in {shard["dataset"] for shard in self.pending}:
+            if name not in pl_module.benchmark:
+                pl_module.add_dataset(name, children[name].classes)
+        # the model's own metrics, fed by the benchmark's own test_step with the stored answers
+        replayer = Replayer(pl_module.benchmark, pl_module.normalize, pl_module.fixed_threshold, pl_module.score_threshold)
+        while self.pending:
+            shard = self.pending.pop(0)
+            replay(replayer, children[shard["dataset"]].test_set, shard, device=pl_module.device)
+
+    # -- writing -------------------------------------------------------------------------------
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        output = getattr(outputs, "output", outputs)  # TestStepOutput, or a bare ZeroShotOutput
+        if not hasattr(output, "scores") or not hasattr(output, "saliency"):
+            raise StoreError(f"{type(pl_module).__name__}.test_step returned {type(outputs).__name__}; the prediction store "
+                             "needs its ZeroShotOutput (scores and saliency)")
+        counted = batch.counted.cpu()
+        if not counted.any():
+            return
+        keep = counted.nonzero().flatten()
+        saliency = output.saliency.detach()[keep.to(output.saliency.device)]
+        stored = saliency.to("cpu", DTYPES[self.dtype])
+        if not torch.isfinite(stored).all():  # test_step already refused non-finite maps: the cast overflowed
+            raise StoreError(f"{type(pl_module).__name__}'s maps exceed the range of {self.dtype} (max |value| "
+                             f"{saliency.abs().max().item():.4g}): store them as float32 (--predictions_dtype float32)")
+        self.buffers.setdefault(batch.dataset, []).append({
+            "image_ids": [batch.image_ids[i] for i in keep.tolist()],
+            "classes": list(batch.classes),
+            "scores": output.scores.detach()[keep.to(output.scores.device)].to("cpu", torch.float64),
+            "saliency": stored,
+            "affine": batch.affine[keep.to(batch.affine.device)].to("cpu", torch.float64),
+            "original_size": batch.original_size[keep.to(batch.original_size.device)].cpu().long(),
+            "labels": batch.labels[keep.to(batch.labels.device)].cpu().to(torch.uint8),
+            "input_size": int(batch.images.shape[-1]),
+        })
+        if sum(len(part["image_ids"]) for part in self.buffers[batch.dataset]) >= self.shard_images:
+            self.flush(trainer, batch.dataset)
+
+    def flush(self, trainer, dataset: str) -> None:
+        parts = self.buffers.pop(dataset, [])
+        if not parts:
+            return
+        sizes = {part["input_size"] for part in parts}
+        grids = {tuple(part["saliency"].shape[-2:]) for part in parts}
+        if len(sizes) > 1 or len(grids) > 1:
+            raise StoreError(f"{dataset}: model input sizes {sorted(sizes)} / map grids {sorted(grids)} vary between batches")
+        shard = {
+            "dataset": dataset,
+            "classes": parts[0]["classes"],
+            "input_size": parts[0]["input_size"],
+            "image_ids": [i for part in parts for i in part["image_ids"]],
+            **{k: torch.cat([part[k] for part in parts]) for k in ("scores", "saliency", "affine", "original_size", "labels")},
+        }
+        name = f"{_safe(dataset)}-rank{trainer.global_rank}-{self.token}-{self.written:05d}"
+        self.store.write_shard(name, shard)
+        self.written += 1
+
+    def flush_all(self, trainer) -> None:
+        for dataset in list(self.buffers):
+            self.flush(trainer, dataset)
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self.flush_all(trainer)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # the buffered batches are complete predictions: keep them for --resume
+        if self.buffers and self.token:
+            self.flush_all(trainer)

@@ -1,0 +1,262 @@
+"""The prediction store: what a model said about every (image, finding), saved as a run goes.
+
+``test --predictions DIR`` (or the ``xbench_pl.callbacks.predictions.PredictionWriter`` callback)
+writes a store; ``test --predictions DIR --resume`` continues one after a crash; ``score
+--predictions DIR`` recomputes the metrics from it without a model.
+
+Layout::
+
+    DIR/manifest.json          what wrote the store (``manifest``): model name, model/data config,
+                               precision, metric settings, map dtype, xbench_pl version, format
+    DIR/shards/*.xbp           one shard = consecutive images of one dataset from one rank
+
+A shard holds, per image: ``image_ids``, ``scores [N, C]`` (float64: exact for any model
+dtype), ``saliency [N, C, h, w]`` (the model's native-grid maps, every finding, in the store's
+dtype: float16 by default, float32 for bit-identical re-scoring), ``affine [N, 4]`` (float64),
+``original_size [N, 2]`` (H, W) and ``labels [N, C]`` (as the run saw them, for reference), plus
+the shard's ``dataset``, ``classes`` and ``input_size`` (the side of the model input the maps
+span): exactly what ``ZeroShotModel.test_step`` reads of a batch and of the model's answer to
+warp the maps to the eval grid and feed ``BenchmarkMetrics`` (``replay`` runs that very step). Regions are not stored: they come from the dataset, rasterised on the eval grid
+of whatever ``--data.eval_size`` re-scoring asks for.
+
+A shard file is ``MAGIC``, the payload's length (8 bytes, little endian) and SHA-256, then the
+payload (``torch.save`` of the dict above, read back with ``weights_only=True``). It is written
+to a temporary name, fsynced, then renamed (and the folder fsynced): a crash leaves a complete
+shard or none; a truncated or altered one fails its length or checksum and is never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from xbench_pl.data.base import Batch
+from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
+
+FORMAT = 1
+MAGIC = b"XBPSHRD1"
+SHARD_SUFFIX = ".xbp"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+#: manifest keys that must agree for two runs to write into one store
+FINGERPRINT = ("format", "xbench_pl", "model_name", "random_weights", "config", "metrics", "dtype")
+
+
+class StoreError(ValueError):
+    """A store that cannot be used as asked (another config, not resumable, corrupt, incomplete); the message says why and what to do."""
+
+
+@dataclass
+class BadShard:
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+# -- shard files ------------------------------------------------------------------------------
+def encode_shard(shard: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(shard, buffer)
+    payload = buffer.getvalue()
+    return MAGIC + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + payload
+
+
+def decode_shard(data: bytes) -> dict:
+    """The shard dict; ``ValueError`` saying what is wrong for a truncated or corrupt file."""
+    head = len(MAGIC) + 8 + 32
+    if len(data) < head or not data.startswith(MAGIC):
+        raise ValueError("not a shard (bad header): truncated or overwritten")
+    (length,) = struct.unpack("<Q", data[len(MAGIC):len(MAGIC) + 8])
+    payload = data[head:]
+    if len(payload) != length:
+        raise ValueError(f"truncated: {len(payload)} of {length} payload bytes")
+    if hashlib.sha256(payload).digest() != data[len(MAGIC) + 8:head]:
+        raise ValueError("checksum mismatch: the file was altered after it was written")
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not possible on every platform; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``path`` complete or not at all: a temporary name in the same folder, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# -- the store folder -------------------------------------------------------------------------
+class Store:
+    """A prediction store folder (see the module docstring)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.shards_dir = self.root / "shards"
+        self.manifest_path = self.root / "manifest.json"
+
+    def read_manifest(self) -> dict | None:
+        if not self.manifest_path.is_file():
+            return None
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise StoreError(f"{self.manifest_path}: unreadable manifest ({error}); this folder is no usable prediction store") from error
+
+    def write_manifest(self, manifest: dict) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
+
+    def shard_paths(self) -> list[Path]:
+        if not self.shards_dir.is_dir():
+            return []
+        return sorted(p for p in self.shards_dir.iterdir() if p.suffix == SHARD_SUFFIX and not p.name.startswith("."))
+
+    def load(self) -> tuple[list[dict], list[BadShard]]:
+        """Every shard that reads back intact (in name order), and every one that does not, with why."""
+        good, bad = [], []
+        for path in self.shard_paths():
+            try:
+                shard = decode_shard(path.read_bytes())
+            except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
+                bad.append(BadShard(path, str(error) or type(error).__name__))
+                continue
+            shard["path"] = str(path)
+            good.append(shard)
+        return good, bad
+
+    def write_shard(self, name: str, shard: dict) -> Path:
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        path = self.shards_dir / f"{name}{SHARD_SUFFIX}"
+        atomic_write(path, encode_shard(shard))
+        return path
+
+    def set_aside(self, bad: list[BadShard]) -> None:
+        """Move unreadable shards to ``DIR/corrupt/`` (kept for inspection, never read again)."""
+        if not bad:
+            return
+        folder = self.root / "corrupt"
+        folder.mkdir(parents=True, exist_ok=True)
+        for shard in bad:
+            if shard.path.exists():
+                os.replace(shard.path, folder / shard.path.name)
+        fsync_dir(self.shards_dir)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+
+def manifest(model_name: str | None, config: dict, metrics: dict, dtype: str, random_weights: bool) -> dict:
+    import xbench_pl
+
+    return {"format": FORMAT, "xbench_pl": xbench_pl.__version__, "model_name": model_name, "random_weights": random_weights,
+            "config": config, "metrics": metrics, "dtype": dtype}
+
+
+def _flat(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def differences(stored: dict, wanted: dict) -> list[str]:
+    """The fingerprint keys (dotted) on which two manifests disagree: ``key: stored -> wanted``."""
+    a = _flat({k: stored.get(k) for k in FINGERPRINT})
+    b = _flat({k: wanted.get(k) for k in FINGERPRINT})
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_same_config(store: Store, stored: dict | None, wanted: dict) -> None:
+    if stored is None:
+        return
+    diff = differences(stored, wanted)
+    if diff:
+        shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+        raise StoreError(f"the prediction store {store} was written by another configuration ({shown}); "
+                         "a store holds one model, config and dataset setting: use another --predictions folder")
+
+
+# -- replaying stored predictions into the metrics --------------------------------------------
+class Replayer(ZeroShotModel):
+    """A ``ZeroShotModel`` whose ``zero_shot`` answers with stored predictions: its ``test_step``
+    (the benchmark's own, unchanged) then warps and counts them exactly as in the run that made
+    them. ``benchmark``: the metrics to feed (shared with a live model when resuming)."""
+
+    def __init__(self, benchmark: nn.ModuleDict | None = None, normalize: str = "minmax", fixed_threshold: float = 0.5,
+                 score_threshold: float = 0.5):
+        super().__init__(normalize=normalize, fixed_threshold=fixed_threshold, score_threshold=score_threshold)
+        if benchmark is not None:
+            self.benchmark = benchmark
+        self.answer: ZeroShotOutput | None = None
+
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        return self.answer
+
+
+def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, device: torch.device | str = "cpu",
+           chunk: int = 64) -> list[str]:
+    """Feed a shard's images that ``dataset`` evaluates (minus ``skip``) into ``replayer.benchmark``
+    through ``ZeroShotModel.test_step``: a ``Batch`` is rebuilt from the stored affine, original
+    size and input size and the dataset's labels and regions (``XBenchDataset.targets``: no image
+    is read), and the model's answer is the stored scores and native maps. Returns the image ids fed.
+
+    Grounding sums are int64 fixed point and recognition counts exact, so the order and grouping
+    of images do not change a digit: a float32 store replays bit-identically.
+    """
+    if list(shard["classes"]) != list(dataset.classes):
+        raise StoreError(f"{shard.get('path', 'a shard')}: classes {list(shard['classes'])} differ from the dataset's "
+                         f"{list(dataset.classes)}")
+    position = {record.image_id: i for i, record in enumerate(dataset.records)}
+    skip = skip or set()
+    rows = [row for row, image_id in enumerate(shard["image_ids"]) if image_id in position and image_id not in skip]
+    size = int(shard["input_size"])
+    fed = []
+    for start in range(0, len(rows), chunk):
+        part = torch.tensor(rows[start:start + chunk], dtype=torch.long)
+        ids = [shard["image_ids"][r] for r in part.tolist()]
+        original_size = shard["original_size"][part]
+        labels, masks, region_index = [], [], []
+        for b, image_id in enumerate(ids):
+            height, width = (int(v) for v in original_size[b])
+            label, mask, region_class = dataset.targets(position[image_id], height, width)
+            labels.append(label)
+            masks.append(mask)
+            region_index.append(torch.stack((torch.full_like(region_class, b), region_class), dim=1))
+        n = len(ids)
+        batch = Batch(
+            images=torch.zeros((), device=device).expand(n, 3, size, size),  # only its shape is read: the input size
+            image_ids=ids, datasets=[dataset.name] * n, classes=list(dataset.classes),
+            original_size=original_size.to(device), affine=shard["affine"][part].to(device),
+            labels=torch.stack(labels).to(device), region_masks=torch.cat(masks).to(device),
+            region_index=torch.cat(region_index).to(device),
+            index=torch.tensor([position[i] for i in ids], device=device), counted=torch.ones(n, dtype=torch.bool, device=device),
+        )
+        replayer.answer = ZeroShotOutput(scores=shard["scores"][part].to(device), saliency=shard["saliency"][part].to(device))
+        with torch.inference_mode():
+            replayer.test_step(batch, 0)
+        replayer.answer = None
+        fed += ids
+    return fed

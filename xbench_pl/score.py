@@ -1,0 +1,144 @@
+"""``python -m xbench_pl score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] ...``.
+
+Recomputes ``metrics.json`` and ``metrics.md`` from a prediction store (written by ``test
+--predictions DIR``) and the dataset's regions alone: no model is built or run, no image is
+decoded for the model (setup still reads each image's size, as ``test`` does). The stored native
+maps go through the benchmark's own warp to the eval grid and ``BenchmarkMetrics`` (``predictions.replay``),
+so from a float32 store the result equals the run that wrote it byte for byte (all but
+``provenance``); a float16 store changes the grounding numbers slightly (see the README).
+
+The dataset is the store's (its manifest's data config) unless ``--data`` names another
+config; ``--data.ARG V`` overrides one setting (``--data.root`` where the data moved,
+``--data.eval_size`` to judge on another grid, ``--data.split_file`` to score a subset).
+``--normalize``, ``--fixed_threshold`` and ``--score_threshold`` re-evaluate with other metric
+settings (default: the run's). Every evaluated image must be in the store, and every shard must
+read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
+the run with ``test ... --predictions DIR --resume``).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+from jsonargparse import ArgumentParser
+
+from xbench_pl.cli import PROG, datamodule_problems, take_option
+from xbench_pl.data.base import XBenchDataModule, XBenchDataset
+from xbench_pl.data.io import DataError
+from xbench_pl.predictions import Replayer, Store, StoreError, replay
+from xbench_pl.registry import read_config, resolve_class
+from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
+
+METRIC_OPTIONS = {"normalize": str, "fixed_threshold": float, "score_threshold": float}
+
+
+def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
+    parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
+    parser.set_defaults({f"data.{k}": v for k, v in data_defaults.items() if k != "preprocess"})
+    parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
+    for name, kind in METRIC_OPTIONS.items():
+        parser.add_argument(f"--{name}", type=Optional[kind], default=metric_defaults.get(name),
+                            help=f"metric setting (default: the run's, {metric_defaults.get(name)!r})")
+    parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update")
+    return parser
+
+
+def score_host() -> SimpleNamespace:
+    """What ``report.provenance`` reads of a trainer, for a run without one (one CPU process)."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
+                           world_size=1, num_nodes=1)
+
+
+def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
+    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}``."""
+    good, bad = store.load()
+    if bad:
+        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
+                         f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
+                         "which redoes their images")
+    replayer = Replayer(normalize=metrics["normalize"], fixed_threshold=metrics["fixed_threshold"],
+                        score_threshold=metrics["score_threshold"])
+    for spec in datamodule.dataset_specs:  # in the order a test run creates them
+        replayer.add_dataset(spec.name, spec.classes)
+    for child in datamodule.datamodules:
+        dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
+        seen: set[str] = set()
+        for shard in good:
+            if shard["dataset"] == child.name:
+                seen.update(replay(replayer, dataset, shard, skip=seen, chunk=chunk))
+        missing = [r.image_id for r in dataset.records if r.image_id not in seen]
+        if missing:
+            raise StoreError(f"{store} lacks {len(missing)} of the {len(dataset)} image(s) of {child.name} (first: "
+                             f"{missing[0]!r}): its run did not finish; continue it with test ... --predictions {store} --resume")
+    with torch.inference_mode():
+        return {name: table.compute() for name, table in replayer.benchmark.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.time()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    folder, rest = take_option(argv, "--predictions")
+    if folder is None:
+        if any(a in ("-h", "--help") for a in rest):
+            print(f"usage: {PROG} score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] "
+                  f"[--fixed_threshold T] [--score_threshold T]\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
+            return 0
+        print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
+        return 2
+    store = Store(folder)
+    stored = store.read_manifest()
+    if stored is None:
+        print(f"error: {store.manifest_path} not found: {folder} is no prediction store "
+              f"(write one with {PROG} test ... --predictions {folder})", file=sys.stderr)
+        return 2
+    config = copy.deepcopy(stored["config"])
+    name, rest = take_option(rest, "--data")
+    data_config = config.get("data") or {}
+    if name is not None:
+        datamodule_class, defaults = read_config("data", name)
+        base = {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}", "init_args": dict(defaults)}
+    elif "init_args" in data_config:
+        datamodule_class, base = resolve_class(data_config["class_path"]), data_config
+    else:
+        print(f"error: the store {folder} records no data config (written by the callback outside the CLI): "
+              "give the dataset with --data NAME [--data.ARG V]", file=sys.stderr)
+        return 2
+    args = build_parser(datamodule_class, base.get("init_args", {}), stored.get("metrics", {})).parse_args(rest)
+    chosen = args.data.as_dict()
+    changed = name is not None or any(base["init_args"].get(k) != v for k, v in chosen.items())
+    if changed:
+        config["data"] = {"class_path": base["class_path"], "init_args": {**base.get("init_args", {}), **chosen}}
+    metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
+    init_args = config.get("model", {}).setdefault("init_args", {})
+    for key, value in metrics.items():
+        if key in init_args or value != stored.get("metrics", {}).get(key):
+            init_args[key] = value
+    try:
+        datamodule = datamodule_class(**chosen)
+        results = rescore(store, datamodule, metrics, args.chunk)
+    except (DataError, StoreError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    report = build_report(model=stored.get("model_name") or config.get("model", {}).get("class_path", "model"),
+                          results=results, problems=datamodule_problems(datamodule), config=config,
+                          random_weights=bool(stored.get("random_weights")),
+                          provenance={**provenance(score_host(), started), "scored_from": str(Path(folder))})
+    out = write_report(report, args.out)
+    print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
+    for line in problem_summary(report, out):
+        print(line)
+    print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
