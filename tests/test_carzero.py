@@ -381,11 +381,12 @@ def cli(*args, timeout=900):
 
 def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
     result = cli("test", "--model", "carzero", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
-                 "--model.architecture", tiny_config, "--data", "demo", "--out", str(tmp_path))
+                 "--model.architecture", tiny_config, "--model.trust_checkpoint", "false", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["random_weights"] is True
     assert report["config"]["model"]["class_path"] == "xbench_pl.models.carzero.CARZero"
+    assert report["config"]["model"]["init_args"]["trust_checkpoint"] is False
     mean = report["datasets"]["demo"]["mean"]
     assert 0.0 <= mean["auroc"] <= 1.0 and 0.0 <= mean["pointing_game"] <= 1.0
     assert "RANDOM weights" in result.stdout + result.stderr
