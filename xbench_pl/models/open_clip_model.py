@@ -161,6 +161,37 @@ def preprocess_for(model: nn.Module, preprocess_cfg: dict) -> Preprocess:
     )
 
 
+def force_image_size(model_cfg: dict, image_size: int, architecture: str) -> dict:
+    """``model_cfg`` with the vision tower's input side set to ``image_size`` (a multiple of its patch)."""
+    vision = model_cfg.get("vision_cfg", {})
+    patch = vision.get("patch_size")
+    if patch is None and vision.get("timm_model_name"):  # timm names carry it: vit_base_patch16_224
+        import re
+
+        found = re.search(r"patch(\d+)", vision["timm_model_name"])
+        patch = int(found.group(1)) if found else None
+    if not patch or image_size <= 0 or image_size % patch:
+        raise ValueError(f"image_size={image_size}: {architecture} takes a positive multiple of its patch size ({patch})")
+    model_cfg = deepcopy(model_cfg)
+    model_cfg["vision_cfg"]["image_size"] = image_size
+    return model_cfg
+
+
+def resize_position_embeddings(state: dict, model: nn.Module) -> None:
+    """Interpolate a checkpoint's ViT position embeddings to ``model``'s patch grid, in place (open_clip's
+    ``resize_pos_embed`` for its ViTs; timm's ``resample_abs_pos_embed`` for timm trunks)."""
+    open_clip.model.resize_pos_embed(state, model)
+    key = "visual.trunk.pos_embed"
+    if key in state and isinstance(model.visual, TimmModel):
+        from timm.layers import resample_abs_pos_embed
+
+        trunk = model.visual.trunk
+        if state[key].shape != trunk.pos_embed.shape:
+            prefix = 0 if getattr(trunk, "no_embed_class", False) else trunk.num_prefix_tokens
+            state[key] = resample_abs_pos_embed(state[key], new_size=list(trunk.patch_embed.grid_size),
+                                                num_prefix_tokens=prefix, verbose=False)
+
+
 def check_patch_tokens(visual: nn.Module) -> None:
     """Saliency needs a ViT whose patch tokens can be projected like its pooled token."""
     if isinstance(visual, VisionTransformer):
@@ -186,6 +217,9 @@ class OpenCLIPModel(ZeroShotModel):
         score: ``"softmax"`` over the prompt pair, or ``"cosine"``.
         text_batch_size: prompts per text-encoder forward when building the embedding cache.
         random_init: allow running without weights (tests, smoke runs).
+        image_size: input side in pixels (default: the architecture's). The ViT's position
+            embeddings are interpolated to the new patch grid (bicubic, as open_clip does when a
+            size is forced); the saliency grid grows with it, the eval grid does not.
         trust_checkpoint: read a checkpoint that needs more than tensors with ``torch.jit.load`` /
             full unpickling, which runs code from the file (only for files you trust).
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
@@ -202,6 +236,7 @@ class OpenCLIPModel(ZeroShotModel):
         text_batch_size: int = 256,
         random_init: bool = False,
         trust_checkpoint: bool = False,
+        image_size: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -214,6 +249,8 @@ class OpenCLIPModel(ZeroShotModel):
             raise ValueError(f"{type(self).__name__}({architecture!r}) needs checkpoint=: {LOCAL_FILES_HINT}")
         checkpoint_file = None if checkpoint is None else find_checkpoint(checkpoint)
         model_cfg, preprocess_cfg = read_architecture(architecture)
+        if image_size is not None:
+            model_cfg = force_image_size(model_cfg, image_size, architecture)
         self.score = score
         self.tokenizer = self.make_tokenizer(model_cfg["text_cfg"], tokenizer, checkpoint)
         self.model = build_open_clip(model_cfg)
@@ -221,7 +258,10 @@ class OpenCLIPModel(ZeroShotModel):
         if isinstance(self.model.visual, VisionTransformer):
             self.model.visual.output_tokens = True  # forward returns (pooled, unprojected tokens)
         if checkpoint_file is not None:
-            load_weights(self.model, read_state_dict(checkpoint_file, trust=trust_checkpoint), str(checkpoint_file))
+            state = read_state_dict(checkpoint_file, trust=trust_checkpoint)
+            if image_size is not None:
+                resize_position_embeddings(state, self.model)
+            load_weights(self.model, state, str(checkpoint_file))
         else:
             self.warn_random_weights()
         self.preprocess = preprocess_for(self.model, preprocess_cfg)

@@ -1,0 +1,122 @@
+"""Local sweeps (``python -m xbench_pl sweep``): expansion as the W&B YAML says, dry run, a real run that resumes;
+and ``--model.image_size`` for open_clip ViTs (the resolution sweeps)."""
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from test_open_clip_models import TINY_CLIP, write_config
+from xbench_pl import sweep
+from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, read_architecture
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.name for p in SWEEPS])
+def test_every_sweep_file_is_a_wandb_sweep_that_expands(path):
+    spec = sweep.read_sweep(path)
+    assert spec["method"] in ("grid", "random") and spec["metric"]["name"] and "${args}" in spec["command"]
+    assert spec["command"][spec["command"].index("xbench_pl") + 1] == "test"
+    configs = sweep.expand(spec, count=3 if spec["method"] == "random" else None)
+    if spec["method"] == "grid":
+        assert len(configs) == math.prod(len(p["values"]) if "values" in p else 1 for p in spec["parameters"].values())
+    assert all(list(c) == list(spec["parameters"]) for c in configs)
+
+
+def test_grid_expansion_and_commands(tmp_path):
+    spec = sweep.read_sweep(REPO / "sweeps" / "prompts_x_models.yaml")
+    runs = sweep.plan(spec, tmp_path)
+    assert len(runs) == 2 * 3 * 3 and len({r.run_id for r in runs}) == 18
+    first = runs[0].command
+    assert first[:4] == [sys.executable, "-m", "xbench_pl", "test"]
+    assert "--model=sweeps/models/clip.yaml" in first and "--model.positive={}" in first
+    assert first.index("--model=sweeps/models/clip.yaml") < first.index("--model.positive={}")
+    assert first[-4:] == ["--out", str(runs[0].folder), "--trainer.logger.init_args.save_dir", str(runs[0].folder)]
+
+
+def test_random_expansion_is_seeded_and_follows_the_distributions():
+    spec = sweep.read_sweep(REPO / "sweeps" / "center_sigma_random.yaml")
+    a, b = sweep.expand(spec, count=20, seed=3), sweep.expand(spec, count=20, seed=3)
+    assert a == b and len(a) == 20 and a != sweep.expand(spec, count=20, seed=4)
+    assert all(0.05 <= c["model.sigma"] <= 0.5 and c["data.eval_size"] in (256, 512) for c in a)
+    assert len(sweep.expand(spec)) == spec["run_cap"]  # no --count: run_cap
+    shapes = {"int_uniform": {"min": 1, "max": 3}, "q_uniform": {"min": 0, "max": 1, "q": 0.25},
+              "normal": {"mu": 0, "sigma": 1}, "constant": {"value": 7}, "categorical": {"values": ["a", "b"]}}
+    params = {name: {"distribution": name, **spec_} for name, spec_ in shapes.items()}
+    drawn = sweep.expand({"method": "random", "parameters": params}, count=50, seed=0)
+    assert {c["int_uniform"] for c in drawn} == {1, 2, 3} and {c["constant"] for c in drawn} == {7}
+    assert all(c["q_uniform"] in (0, 0.25, 0.5, 0.75, 1.0) for c in drawn)
+
+
+def test_bad_sweep_files_are_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    for content, words in [({"method": "bayes", "parameters": {"a": {"values": [1]}}}, "bayes"),
+                           ({"method": "grid", "parameters": {"a": {"distribution": "uniform", "min": 0, "max": 1}}}, "grid search"),
+                           ({"method": "random", "parameters": {"a": {"values": [1]}}}, "--count"),
+                           ({"method": "grid"}, "parameters")]:
+        bad.write_text(yaml.safe_dump(content))
+        assert sweep.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+        assert words in capsys.readouterr().err
+    assert sweep.main([str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
+    assert sweep.main([str(REPO / "sweeps" / "clip_prompts.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 9 and all(line.startswith(sys.executable) and "--model.checkpoint /path/to/ViT-B-16.pt" in line
+                                   for line in lines)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, capsys, monkeypatch):
+    """The center_sigma sweep, 2 configurations plus one that fails (without the W&B logger, for speed)."""
+    spec = yaml.safe_load((REPO / "sweeps" / "center_sigma.yaml").read_text())
+    at = spec["command"].index("--trainer.logger")
+    del spec["command"][at : at + 2]
+    spec["parameters"]["model.sigma"]["values"] = [0.1, 0.3, -1.0]
+    file = tmp_path / "sigma.yaml"
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    monkeypatch.chdir(REPO)
+    assert sweep.main([str(file), "--out", str(out)]) == 1  # one run failed, the others went on
+    with (out / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["done", "done", "failed (exit 2)"]
+    dice = [json.loads((Path(r["folder"]) / "metrics.json").read_text())["datasets"]["demo"]["mean"]["dice_best"] for r in rows[:2]]
+    assert [float(r["demo/dice_best"]) for r in rows[:2]] == dice and dice[0] >= dice[1]  # sorted, maximize
+    assert "sigma must be positive" in (Path(rows[2]["folder"]) / "log.txt").read_text()
+    assert "| model.sigma |" in (out / "summary.md").read_text()
+    # interrupted: one finished run lost its metrics.json; the restart reruns only that one (and the failed one)
+    lost = Path(rows[1]["folder"]) / "metrics.json"
+    lost.unlink()
+    kept = (Path(rows[0]["folder"]) / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert sweep.main([str(file), "--out", str(out)]) == 1
+    with (out / "summary.csv").open() as f:
+        again = {r["run"]: r["status"] for r in csv.DictReader(f)}
+    assert again == {rows[0]["run"]: "skipped (done)", rows[1]["run"]: "done", rows[2]["run"]: "failed (exit 2)"}
+    assert lost.is_file() and (Path(rows[0]["folder"]) / "metrics.json").stat().st_mtime_ns == kept
+
+
+# -- --model.image_size ----------------------------------------------------------------------------
+def test_open_clip_image_size_interpolates_position_embeddings(tmp_path):
+    config = write_config(tmp_path / "tiny.json", TINY_CLIP)
+    torch.manual_seed(0)
+    weights = build_open_clip(read_architecture(config)[0]).state_dict()
+    torch.save(weights, tmp_path / "w.bin")
+    same = OpenCLIPModel(config, checkpoint=str(tmp_path / "w.bin"), image_size=32)
+    assert torch.equal(same.model.visual.positional_embedding, weights["visual.positional_embedding"])
+    larger = OpenCLIPModel(config, checkpoint=str(tmp_path / "w.bin"), image_size=64)
+    assert larger.preprocess.size == 64 and larger.model.visual.positional_embedding.shape == (1 + 8 * 8, 64)
+    assert torch.equal(larger.model.visual.positional_embedding[0], weights["visual.positional_embedding"][0])  # class token
+    out = larger.zero_shot(torch.randn(2, 3, 64, 64), ["Nodule", "Mass"])
+    assert out.saliency.shape == (2, 2, 8, 8) and out.scores.shape == (2, 2)
+    with pytest.raises(ValueError, match="multiple of its patch size"):
+        OpenCLIPModel(config, random_init=True, image_size=60)
