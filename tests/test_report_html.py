@@ -1,0 +1,114 @@
+"""``python -m xbench_pl report``: report.md and a self-contained report.html from fixture runs, checked in a
+real headless browser (Debian's ``chromium``; skipped where it is not installed, a failure under CI=true)."""
+
+import csv
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from xbench_pl.cli import main as cli_main
+from xbench_pl.report_html import auroc_pg_points, find_runs, fit_line
+
+FINDINGS = ["Atelectasis", "Cardiomegaly", "Nodule", "Pneumothorax"]
+
+
+def _row(rng):
+    pg = rng.random()
+    return {"pointing_game": pg, "dice@0.5": rng.random() * 0.5, "iou@0.5": rng.random() * 0.3, "dice_best": 0.6,
+            "iou_best": 0.4, "tau_best": 0.3, "delta_dice": 0.1, "auroc": min(1.0, 0.4 + 0.5 * pg + 0.1 * rng.random()),
+            "auprc": None, "f1": 0.0, "hamming_acc": 0.5, "ece": 0.2, "n_pos": 3, "n_neg": 5, "n_regions": 3}
+
+
+def write_run(folder: Path, model: str, seed: int, images: bool = False) -> None:
+    rng = random.Random(seed)
+    datasets = {}
+    for dataset in ("demo", "demo_dicom"):
+        classes = {f: _row(rng) for f in FINDINGS}
+        mean = {k: (sum(r[k] for r in classes.values() if r[k] is not None) / 4 if classes["Nodule"][k] is not None else None)
+                for k in classes["Nodule"]}
+        datasets[dataset] = {"classes": classes, "mean": mean, "problems": []}
+    classes["Nodule"]["auroc"] = None  # undefined: left out of the fit
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"model": model, "random_weights": seed == 2, "datasets": datasets,
+                                                     "config": {}}))
+    if images:
+        calibration = folder / "calibration" / "demo"
+        calibration.mkdir(parents=True)
+        heatmaps = folder / "heatmaps" / "demo" / "Nodule"
+        heatmaps.mkdir(parents=True)
+        for path in (calibration / "threshold_all.png", calibration / "reliability_all.png", heatmaps / "img1.png"):
+            Image.fromarray((np.random.default_rng(seed).random((60, 80, 3)) * 255).astype(np.uint8)).save(path)
+        with (folder / "heatmaps" / "samples.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["dataset", "finding", "image_id", "score", "label", "pointing_game", "file"])
+            writer.writerow(["demo", "Nodule", "img1", 0.7, 1, 1.0, "demo/Nodule/img1.png"])
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    write_run(tmp / "a", "clip", 1, images=True)
+    write_run(tmp / "b", "biomedclip", 2)
+    write_run(tmp / "sweep" / "runs" / "r1", "center", 3)
+    write_run(tmp / "sweep" / "runs" / "r2", "center", 4)
+    (tmp / "sweep" / "runs" / "r1" / "params.json").write_text(json.dumps({"model.sigma": 0.1}))
+    assert cli_main(["report", str(tmp / "a"), str(tmp / "b"), str(tmp / "sweep"), "--out", str(tmp / "out")]) == 0
+    return tmp
+
+
+def test_report_tables_and_r2(report):
+    runs = find_runs([str(report / "a"), str(report / "b"), str(report / "sweep")])
+    assert [r.name for r in runs] == ["clip", "biomedclip", "center (model.sigma=0.1)", "center (r2)"]
+    points = auroc_pg_points(runs)
+    assert len(points) == 4 * 2 * 4 - 4  # Nodule of demo_dicom has no AUROC
+    x, y = np.array([p[3] for p in points]), np.array([p[4] for p in points])
+    slope, intercept, r2 = fit_line(list(x), list(y))
+    assert r2 == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2, rel=1e-12)
+    assert (slope, intercept) == pytest.approx(tuple(np.polyfit(x, y, 1)), rel=1e-9)
+    md = (report / "out" / "report.md").read_text()
+    assert f"R² = {r2:.3f}" in md and "| model | demo PG | demo Dice | demo IoU | demo_dicom PG |" in md
+    assert "RANDOM weights" in md and "### demo_dicom" in md and "Heatmap samples, demo" in md
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (report / "out" / link).is_file(), link
+
+
+def test_report_html_is_self_contained(report):
+    page = (report / "out" / "report.html").read_text()
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == 2 + 3 and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "http://" not in page and "https://" not in page
+
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium is needed for the report's browser test (apt-get install -y chromium)", pytrace=False)
+        pytest.skip("no chromium (apt-get install -y chromium) for the browser test")
+    return found
+
+
+def test_report_renders_in_a_headless_browser(report):
+    chromium = _chromium()
+    page = (report / "out" / "report.html").resolve().as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,2200"]
+    shot = report / "shot.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert pixels.std() > 10 and (pixels < 128).mean() > 0.01  # text, tables and figures: not a blank page
+    dom = subprocess.run([chromium, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120, check=True).stdout
+    loaded = re.search(r'data-images="(\d+)/(\d+)"', dom)
+    assert loaded and loaded.group(1) == loaded.group(2) == "5"  # every figure decoded
+
+
+def test_report_refuses_a_folder_without_runs(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no metrics.json" in capsys.readouterr().err

@@ -1,0 +1,301 @@
+"""``python -m xbench_pl report RUN_DIR... --out DIR``: ``report.md`` and a self-contained ``report.html``.
+
+A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`` and
+``calibration/`` files the visual callbacks wrote, if any) or a ``sweep --out`` folder (every
+``runs/*/metrics.json``). The report holds:
+
+- the datasets x models grid of Pointing Game / Dice@0.5 / IoU@0.5 (Table 1 of the paper);
+- per dataset, the per-finding Pointing Game, Dice, IoU and AUROC of every model;
+- AUROC against Pointing Game over every (model, dataset, finding) with both defined, with the
+  least-squares line and its R² (the paper's Fig. 3);
+- Dice at τ = 0.5 against Dice at ``tau_best`` per model and dataset (Fig. 4: the calibration gap);
+- the calibration plots and heatmap samples the runs saved.
+
+Figures are drawn with matplotlib into ``OUT/figures/`` (``report.md`` links them and the runs'
+own PNGs); ``report.html`` inlines every image as a data URI, so it opens from a file, offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
+FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
+SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
+
+
+@dataclass
+class Run:
+    name: str
+    folder: Path
+    metrics: dict
+
+
+def find_runs(folders: list[str]) -> list[Run]:
+    """Every run under the given folders (a run folder, or a sweep folder with ``runs/*/``), named by model
+    (with the folder name where two runs share a model name)."""
+    found = []
+    for folder in map(Path, folders):
+        if (folder / "metrics.json").is_file():
+            found.append(folder)
+        elif sorted(folder.glob("runs/*/metrics.json")):
+            found += [p.parent for p in sorted(folder.glob("runs/*/metrics.json"))]
+        else:
+            raise FileNotFoundError(f"{folder}: no metrics.json (nor runs/*/metrics.json of a sweep); "
+                                    "give folders written by test --out or sweep --out")
+    runs = [Run(json.loads((f / "metrics.json").read_text())["model"], f, json.loads((f / "metrics.json").read_text()))
+            for f in found]
+    names = [r.name for r in runs]
+    for run in runs:
+        if names.count(run.name) > 1:
+            params = run.folder / "params.json"
+            suffix = ", ".join(f"{k}={v}" for k, v in json.loads(params.read_text()).items()) if params.is_file() else run.folder.name
+            run.name = f"{run.name} ({suffix})"
+    return runs
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float] | None:
+    """Least-squares ``y = a x + b`` and its R² (``1 - SS_res / SS_tot``); None for fewer than 2 distinct x."""
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    intercept = my - slope * mx
+    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return slope, intercept, (1 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
+
+
+def auroc_pg_points(runs: list[Run]) -> list[tuple[str, str, str, float, float]]:
+    """(model, dataset, finding, pointing_game, auroc) for every finding with both defined."""
+    points = []
+    for run in runs:
+        for dataset, table in run.metrics["datasets"].items():
+            for finding, row in table["classes"].items():
+                if row.get("pointing_game") is not None and row.get("auroc") is not None:
+                    points.append((run.name, dataset, finding, row["pointing_game"], row["auroc"]))
+    return points
+
+
+def _cell(value) -> str:
+    return "–" if value is None else (str(value) if isinstance(value, int) else f"{value:.3f}")
+
+
+def _datasets(runs: list[Run]) -> list[str]:
+    names = []
+    for run in runs:
+        names += [d for d in run.metrics["datasets"] if d not in names]
+    return names
+
+
+def table1(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    datasets = _datasets(runs)
+    header = ["model", *(f"{d} {SHORT[k]}" for d in datasets for k in TABLE1)]
+    rows = [[run.name, *(_cell(run.metrics["datasets"].get(d, {}).get("mean", {}).get(k)) for d in datasets for k in TABLE1)]
+            for run in runs]
+    return header, rows
+
+
+def finding_table(runs: list[Run], dataset: str) -> tuple[list[str], list[list[str]]]:
+    findings = []
+    for run in runs:
+        findings += [f for f in run.metrics["datasets"].get(dataset, {}).get("classes", {}) if f not in findings]
+    with_data = [r for r in runs if dataset in r.metrics["datasets"]]
+    header = ["finding", *(f"{r.name} {SHORT[k]}" if len(with_data) > 1 else SHORT[k] for r in with_data for k in FINDING_KEYS)]
+    rows = [[f, *(_cell(r.metrics["datasets"][dataset]["classes"].get(f, {}).get(k)) for r in with_data for k in FINDING_KEYS)]
+            for f in findings]
+    return header, rows
+
+
+# -- figures ---------------------------------------------------------------------------------------
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def figure_auroc_pg(runs: list[Run], path: Path) -> dict:
+    points = auroc_pg_points(runs)
+    fit = fit_line([p[3] for p in points], [p[4] for p in points])
+    fig = _figure(6, 4.4)
+    ax = fig.add_subplot()
+    for run in runs:
+        mine = [p for p in points if p[0] == run.name]
+        if mine:
+            ax.scatter([p[3] for p in mine], [p[4] for p in mine], s=28, alpha=0.8, label=run.name)
+    if fit is not None:
+        slope, intercept, r2 = fit
+        ax.plot([0, 1], [intercept, slope + intercept], "k--", linewidth=1,
+                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {r2:.3f}")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Pointing Game (per finding)", ylabel="AUROC (per finding)")
+    ax.set_title(f"Recognition against grounding: {len(points)} (model, dataset, finding) points", fontsize=9)
+    ax.grid(alpha=0.3)
+    if points:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.savefig(path)
+    return {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
+
+
+def figure_dice_gap(runs: list[Run], path: Path) -> None:
+    labels, fixed, best = [], [], []
+    for run in runs:
+        for dataset, table in run.metrics["datasets"].items():
+            labels.append(f"{run.name}\n{dataset}")
+            fixed.append(table["mean"].get("dice@0.5") or 0.0)
+            best.append(table["mean"].get("dice_best") or 0.0)
+    fig = _figure(max(4.5, 1.1 * len(labels) + 1.5), 4)
+    ax = fig.add_subplot()
+    xs = list(range(len(labels)))
+    ax.bar([x - 0.2 for x in xs], fixed, width=0.4, label="Dice at τ = 0.5", color="tab:gray")
+    ax.bar([x + 0.2 for x in xs], best, width=0.4, label="Dice at tau_best (oracle)", color="tab:green")
+    for x, a, b in zip(xs, fixed, best):
+        ax.annotate(f"Δ {b - a:+.3f}", (x, max(a, b) + 0.02), ha="center", fontsize=7)
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set(ylim=(0, 1), ylabel="mean Dice over findings")
+    ax.set_title("Calibration gap: Dice at the fixed threshold vs at the best one", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3, axis="y")
+    fig.savefig(path)
+
+
+# -- the documents ---------------------------------------------------------------------------------
+def saved_images(run: Run) -> dict[str, list[tuple[Path, str]]]:
+    """The run's calibration plots and heatmap samples, per section title: (file, caption)."""
+    sections: dict[str, list[tuple[Path, str]]] = {}
+    for folder in sorted((run.folder / "calibration").glob("*")):
+        files = [folder / "threshold_all.png", folder / "reliability_all.png"]
+        found = [(f, f"{folder.name}: {f.stem.replace('_all', ' (every finding)')}") for f in files if f.is_file()]
+        if found:
+            sections[f"Calibration, {folder.name}"] = found
+    samples = run.folder / "heatmaps" / "samples.csv"
+    if samples.is_file():
+        with samples.open() as f:
+            for row in csv.DictReader(f):
+                caption = (f"{row['finding']} | {row['image_id']} | score {float(row['score']):.3f} | label {row['label']} | "
+                           f"PG {float(row['pointing_game']):.2f}")
+                sections.setdefault(f"Heatmap samples, {row['dataset']}", []).append((run.folder / "heatmaps" / row["file"], caption))
+    return sections
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.6rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; } h3 { margin-top: 1.4rem; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.6rem 0; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; } th { background: #f1f3f5; }
+td:first-child, th:first-child { text-align: left; }
+figure { display: inline-block; margin: 0.4rem; vertical-align: top; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.75rem; color: #555; max-width: 420px; }
+.warn { background: #fff3cd; border: 1px solid #e0c060; padding: 0.5rem 0.8rem; }
+.gallery figure img { width: 260px; }
+"""
+
+CHECK_IMAGES = """
+window.addEventListener("load", function () {
+  var images = Array.from(document.images);
+  var ok = images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.body.setAttribute("data-images", ok + "/" + images.length);
+});
+"""
+
+
+def build(runs: list[Run], out: Path) -> dict:
+    """Write ``report.md``, ``report.html`` and ``figures/``; return the numbers the figures show."""
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    fit = figure_auroc_pg(runs, figures / "auroc_vs_pointing_game.png")
+    figure_dice_gap(runs, figures / "dice_fixed_vs_best.png")
+    random_runs = [r.name for r in runs if r.metrics.get("random_weights")]
+    header, rows = table1(runs)
+    md = ["# XBench report", "", f"{len(runs)} run(s): " + ", ".join(f"{r.name} (`{r.folder}`)" for r in runs)]
+    doc = [f"<h1>XBench report</h1><p>{len(runs)} run(s): " + ", ".join(html.escape(r.name) for r in runs) + "</p>"]
+    if random_runs:
+        note = f"RANDOM weights (smoke tests, not results): {', '.join(random_runs)}"
+        md += ["", f"> **{note}**"]
+        doc.append(f'<p class="warn">{html.escape(note)}</p>')
+    md += ["", "## Grounding per dataset and model (macro means; Table 1)", "", _md_table(header, rows)]
+    doc += ["<h2>Grounding per dataset and model (macro means; Table 1)</h2>", _html_table(header, rows)]
+    r2 = "–" if fit["r2"] is None else f"{fit['r2']:.3f}"
+    fig_text = [("auroc_vs_pointing_game.png", f"AUROC against Pointing Game per (model, dataset, finding): "
+                 f"{fit['points']} points, R² = {r2} (Fig. 3)"),
+                ("dice_fixed_vs_best.png", "Dice at τ = 0.5 vs at tau_best per model and dataset (Fig. 4)")]
+    md += ["", "## Recognition against grounding, calibration gap", ""]
+    doc.append("<h2>Recognition against grounding, calibration gap</h2>")
+    for name, caption in fig_text:
+        md += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
+        doc.append(f'<figure><img src="{_data_uri(figures / name)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+    md += ["## Per finding"]
+    doc.append("<h2>Per finding</h2>")
+    for dataset in _datasets(runs):
+        h, r = finding_table(runs, dataset)
+        md += ["", f"### {dataset}", "", _md_table(h, r)]
+        doc += [f"<h3>{html.escape(dataset)}</h3>", _html_table(h, r)]
+    for run in runs:
+        sections = saved_images(run)
+        if not sections:
+            continue
+        md += ["", f"## {run.name}: saved plots and samples"]
+        doc.append(f"<h2>{html.escape(run.name)}: saved plots and samples</h2>")
+        for title, images in sections.items():
+            md += ["", f"### {title}", ""]
+            doc.append(f'<h3>{html.escape(title)}</h3><div class="gallery">' if title.startswith("Heatmap") else f"<h3>{html.escape(title)}</h3><div>")
+            for path, caption in images:
+                md.append(f"![{caption}]({Path(os.path.relpath(path, out)).as_posix()})")
+                doc.append(f'<figure><img src="{_data_uri(path)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+            doc.append("</div>")
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>XBench report</title>'
+            f"<style>{STYLE}</style><script>{CHECK_IMAGES}</script></head><body>{''.join(doc)}</body></html>\n")
+    (out / "report.html").write_text(page)
+    return fit
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser.add_argument("runs", type=str, nargs="+", help="run folders (test --out) or sweep folders (sweep --out)")
+    parser.add_argument("--out", type=str, default="report", help="folder for report.md, report.html and figures/")
+    try:
+        args = parser.parse_args(argv)
+    except Exception as error:
+        print(f"error: {str(error).splitlines()[0]} (see python -m xbench_pl report --help)", file=sys.stderr)
+        return 2
+    try:
+        runs = find_runs([r for group in args.runs for r in (group if isinstance(group, list) else [group])])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    fit = build(runs, out)
+    r2 = "–" if fit["r2"] is None else f"{fit['r2']:.3f}"
+    print(f"{len(runs)} run(s); AUROC vs Pointing Game: {fit['points']} points, R² = {r2}")
+    print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
