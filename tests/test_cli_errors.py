@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from test_cli import cli
 
-from xbench_pl.cli import main
+from xbench_pl.cli import COMMANDS, SUMMARIES, main
 
 
 @pytest.fixture
@@ -79,9 +79,10 @@ def test_corrupt_image_and_missing_pooled_folder(capsys, nih, tmp_path):
 def test_help_lists_every_command(capsys):
     code, out, _ = run(capsys, "--help")
     commands = re.findall(r"^  (\w+)  +(\S.*)$", out.split("commands:")[1].split("options:")[0], re.M)
-    assert code == 0 and [c for c, _ in commands] == ["test", "describe"] and all(summary for _, summary in commands)
+    assert code == 0 and [c for c, _ in commands] == list(SUMMARIES) and all(summary for _, summary in commands)
+    assert set(SUMMARIES) == {"test", *COMMANDS} and {"describe", "score"} <= set(COMMANDS)  # each command has its line
     code, _, err = run(capsys, "frobnicate")
-    assert (code, err) == (2, "error: unknown command 'frobnicate'; commands: test, describe (see python -m xbench_pl --help)\n")
+    assert (code, err) == (2, f"error: unknown command 'frobnicate'; commands: {', '.join(SUMMARIES)} (see python -m xbench_pl --help)\n")
 
 
 def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
