@@ -217,7 +217,8 @@ def test_benchmark_table_keys_macro_mean_and_counts():
     assert table["mean"]["n_regions"] == 6 and table["mean"]["n_pos"] == 4
     for row in c.values():
         for key in metric_keys():
-            assert row[key] is None or 0.0 <= row[key] <= 1.0 or key == "delta_dice"
+            signed = key in ("delta_dice", "pg_lift", "specificity", "map_similarity")  # differences and correlations
+            assert row[key] is None or 0.0 <= row[key] <= 1.0 or (signed and -1.0 <= row[key] <= 1.0), key
 
 
 def test_benchmark_table_for_a_single_class_dataset():

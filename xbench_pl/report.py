@@ -14,6 +14,12 @@
   ``python``, ``torch``, ``lightning``, ``torchmetrics``, ``device``, ``accelerator``,
   ``world_size``, ``num_nodes``, ``started`` (ISO 8601, UTC), ``wall_time_s``. Everything but
   ``provenance`` is identical on 1 and N processes.
+
+Beside ``classes`` and ``mean`` a dataset has ``ci`` (``{"level", "resamples", "seed", "unit",
+"mean": {KEY: [low, high]}, "classes": {CLASS: {KEY: [low, high]}}}``, null with ``bootstrap=0``),
+``by_size`` (``{"bounds": [small, large], "mean": {STRATUM: ROW}, "classes": {CLASS: {STRATUM: ROW}}}``,
+strata ``small``/``medium``/``large``) and ``tuning`` (``{"source", "note"}``): see
+``xbench_pl.metrics.benchmark``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,24 @@ def format_problem(problem: dict) -> str:
     return str(Problem(**problem))
 
 
+def extra_markdown(d: dict) -> list[str]:
+    """Lines for a dataset's tuning note, bootstrap intervals of its mean and size strata (where present)."""
+    parts = []
+    if d.get("tuning"):
+        parts += ["", f"Tuned threshold: {d['tuning']['note']}" + (f" (from {d['tuning']['source']})" if d["tuning"].get("source") else "")]
+    ci = d.get("ci")
+    if ci:
+        cells = {k: "–" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]" for k, v in ci["mean"].items()}
+        parts += ["", f"{int(ci['level'] * 100)} % bootstrap intervals of the mean ({ci['resamples']} resamples of {ci['unit']}s, seed {ci['seed']}):", "",
+                  "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|", "| " + " | ".join(cells.values()) + " |"]
+    by_size = d.get("by_size")
+    if by_size:
+        low, high = by_size["bounds"]
+        parts += ["", f"By region size (area fraction: small < {low:g} <= medium < {high:g} <= large):", "",
+                  markdown_table(by_size["mean"], "size")]
+    return parts
+
+
 def render_markdown(report: dict) -> str:
     datasets = report["datasets"]
     title = f"# {report['model']}" + (" (RANDOM weights: a smoke test, not a result)" if report.get("random_weights") else "")
@@ -52,6 +76,7 @@ def render_markdown(report: dict) -> str:
              markdown_table({name: d["mean"] for name, d in datasets.items()}, "dataset")]
     for name, d in datasets.items():
         parts += ["", f"## {name}", "", markdown_table(d["classes"], "finding")]
+        parts += extra_markdown(d)
         if d.get("problems"):
             parts += ["", f"{len(d['problems'])} input problem(s) skipped or corrected:", ""]
             parts += [f"- {format_problem(p)} [{p['action']}]" for p in d["problems"]]

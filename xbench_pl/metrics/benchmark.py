@@ -6,6 +6,13 @@ f1, hamming_acc, ece`` as fractions (None where undefined), and counts ``n_pos, 
 (``n_regions``: (image, finding) pairs with a non-empty region, the grounding denominator).
 The macro mean averages the classes where a value is defined; counts are summed.
 ``compute`` also leaves the curves behind the table in ``curves`` (for plots, never in the table).
+
+Beyond the paper (``EXTRA_KEYS``, after the paper's keys in every row): ``dice_tuned, iou_tuned,
+tau_tuned`` (Dice/IoU at a tau chosen per finding on a tuning run, ``tuned_thresholds``; None without
+one, and the table's ``tuning`` says so), ``dice_otsu, iou_otsu``, ``energy_pg``, ``specificity``,
+``map_similarity``, ``pg_lift``, ``dice_auc``, ``pixel_auroc`` (definitions in ``functional.py`` and the
+README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals, ``resampling.py``;
+None when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
 """
 
 from __future__ import annotations
@@ -15,16 +22,65 @@ import math
 import torch
 from torch import nn
 
-from xbench_pl.metrics.grounding import DiceIoU, PointingGame
+from xbench_pl.metrics.functional import area_fraction, dice_auc, size_stratum
+from xbench_pl.metrics.grounding import (
+    FIXED_POINT_SCALE,
+    DiceIoU,
+    EnergyPointing,
+    FindingSpecificity,
+    MapSimilarity,
+    OtsuDiceIoU,
+    PairRecords,
+    PixelAUROC,
+    PointingGame,
+    PointingLift,
+    to_fixed,
+)
+from xbench_pl.metrics.resampling import DEFAULT_SIZE_BOUNDS, SIZE_STRATA, bootstrap_intervals, strata_means
 from xbench_pl.metrics.recognition import Recognition
 
 COUNT_KEYS = ("n_pos", "n_neg", "n_regions")
+
+#: Keys beyond the paper's, appended to every row (the paper's keys and their values are unchanged).
+EXTRA_KEYS = ("dice_tuned", "iou_tuned", "tau_tuned", "dice_otsu", "iou_otsu", "energy_pg", "specificity",
+              "map_similarity", "pg_lift", "dice_auc", "pixel_auroc")
+
+#: Per-pair values kept for every counted pair (``PairRecords``), besides the Dice/IoU curves.
+RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity", "size")
 
 
 def metric_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
     t = f"{fixed_threshold:g}"
     return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "tau_best", "delta_dice",
-            "auroc", "auprc", "f1", "hamming_acc", "ece")
+            "auroc", "auprc", "f1", "hamming_acc", "ece") + EXTRA_KEYS
+
+
+def pair_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
+    """The keys that are means over (image, finding) pairs: those with bootstrap intervals and size strata."""
+    t = f"{fixed_threshold:g}"
+    return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "dice_tuned", "iou_tuned", "dice_otsu",
+            "iou_otsu", "energy_pg", "specificity", "pg_lift", "dice_auc", "pixel_auroc")
+
+
+def read_tuned_thresholds(path: str) -> dict[str, dict[str, float]]:
+    """Per dataset and finding, the tau to apply: ``tau_best`` of each finding in a tuning run's
+    ``metrics.json`` (a run of the same model on the tuning split), or a JSON ``{DATASET: {FINDING: tau}}``."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / "metrics.json"
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"tune_from: cannot read {file} ({error}); give the metrics.json of a run on the tuning split") from None
+    if isinstance(data, dict) and "datasets" in data:
+        return {name: {finding: row.get("tau_best") for finding, row in table.get("classes", {}).items()}
+                for name, table in data["datasets"].items()}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"tune_from: {file} is neither a metrics.json nor {{DATASET: {{FINDING: tau}}}}")
+    return data
 
 
 def _number(value: float) -> float | None:
@@ -38,7 +94,9 @@ def _numbers(values: torch.Tensor) -> list:
 class BenchmarkMetrics(nn.Module):
     """Recognition + grounding for one dataset's class list; ``compute()`` gives its table."""
 
-    def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5):
+    def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
+                 bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
+                 tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
@@ -47,11 +105,50 @@ class BenchmarkMetrics(nn.Module):
         self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
         self.keys = metric_keys(fixed_threshold)
         self.curves: dict = {}
+        if bootstrap < 0:
+            raise ValueError(f"bootstrap must be >= 0 resamples (0 = off), got {bootstrap}")
+        bounds = tuple(float(b) for b in size_bounds)
+        if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < 1:
+            raise ValueError(f"size bounds must be two area fractions 0 < small < large < 1, got {size_bounds}")
+        self.bootstrap, self.bootstrap_seed, self.size_bounds = int(bootstrap), int(bootstrap_seed), bounds
+        self.tuned_thresholds, self.tuning_source = tuned_thresholds, tuning_source
+        self.energy = EnergyPointing(c, normalize=normalize)
+        self.lift = PointingLift(c)
+        self.otsu = OtsuDiceIoU(c, normalize=normalize)
+        self.pixel_auroc = PixelAUROC(c)
+        self.specificity = FindingSpecificity(c)
+        self.similarity = MapSimilarity(c)
+        self.records = PairRecords(RECORD_KEYS, self.dice_iou.thresholds.numel())
+        self.keyed = True  # every update gave image keys (bootstrap and specificity need them)
 
-    def update(self, scores, labels, maps, masks, class_index) -> None:
+    def update(self, scores, labels, maps, masks, class_index, image_keys: torch.Tensor | None = None,
+               saliency: torch.Tensor | None = None) -> None:
+        """``image_keys [N]`` int64: each pair's image (``resampling.image_key`` of its id), needed by
+        ``specificity`` and the bootstrap; ``saliency [B, C, h, w]``: every finding's map of the scored
+        images (``map_similarity``). Either may be left out: those keys are then not reported."""
         self.recognition.update(scores, labels)
         self.pointing.update(maps, masks, class_index)
         self.dice_iou.update(maps, masks, class_index)
+        (hits, (dice, iou)) = self.pointing.last, self.dice_iou.last
+        keep = masks.flatten(1).any(1)
+        if image_keys is None:
+            self.keyed = False
+            image_keys = torch.zeros(maps.shape[0], dtype=torch.long)
+        image_keys = torch.as_tensor(image_keys, dtype=torch.long)
+        specificity = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64)
+        if self.keyed:
+            self.specificity.update(maps, masks, class_index, image_keys.to(maps.device))
+            specificity = self.specificity.last
+        for metric in (self.energy, self.lift, self.otsu, self.pixel_auroc):
+            metric.update(maps, masks, class_index)
+        otsu_dice, otsu_iou = self.otsu.last
+        values = {"pointing_game": hits, "energy_pg": self.energy.last, "pg_lift": self.lift.last,
+                  "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
+                  "specificity": specificity[keep.to(specificity.device)],
+                  "size": size_stratum(area_fraction(masks[keep]), self.size_bounds).double()}  # stratum, exact in fixed point
+        self.records.update(image_keys[keep.cpu()], class_index[keep].cpu(), values, dice, iou)
+        if saliency is not None:
+            self.similarity.update(saliency)
 
     def compute(self) -> dict:
         rec, grounding = self.recognition.compute(), self.dice_iou.compute()
@@ -72,6 +169,7 @@ class BenchmarkMetrics(nn.Module):
                                                "accuracy": _numbers(rec["bin_accuracy"][i])}}
                         for i, name in enumerate(self.classes)},
         }
+        columns.update(self._extra_columns(grounding))
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
         # torchmetrics squeezes one-element results; a one-class dataset still needs [C]
         columns = {k: v.reshape(len(self.classes)) for k, v in columns.items()}
@@ -86,8 +184,126 @@ class BenchmarkMetrics(nn.Module):
             defined = [row[k] for row in classes.values() if row[k] is not None]
             mean[k] = sum(defined) / len(defined) if defined else None
         mean.update({k: sum(row[k] for row in classes.values()) for k in COUNT_KEYS})
-        return {"classes": classes, "mean": mean}
+        ci, by_size = self._resampled(grounding)
+        return {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
+
+    # -- beyond the paper ------------------------------------------------------------------------
+    def _tuned_index(self) -> torch.Tensor:
+        """Per class, the index of its tuned tau on the threshold grid (-1 where none is given)."""
+        thresholds = self.dice_iou.thresholds.cpu()
+        index = torch.full((len(self.classes),), -1, dtype=torch.long)
+        for i, name in enumerate(self.classes):
+            tau = (self.tuned_thresholds or {}).get(name)
+            if tau is None:
+                continue
+            hit = torch.isclose(thresholds, torch.tensor(float(tau), dtype=torch.float64), atol=1e-9).nonzero()
+            if hit.numel() != 1:
+                raise ValueError(f"tuned tau {tau} of {name!r} ({self.tuning_source}) is not on the threshold grid")
+            index[i] = int(hit[0])
+        return index
+
+    def _tuning_note(self) -> dict:
+        if not self.tuned_thresholds:
+            return {"source": None, "note": "no tuning run given (--model.tune_from): dice_tuned/iou_tuned/tau_tuned not reported; "
+                                            "dice_best/iou_best/tau_best choose tau on the evaluated data (an oracle)"}
+        missing = [name for name in self.classes if self.tuned_thresholds.get(name) is None]
+        note = "tau_tuned: each finding's tau_best on the tuning run, applied unchanged here"
+        if missing:
+            note += f"; no tuned tau for {', '.join(missing)} (tuned keys null there)"
+        return {"source": self.tuning_source, "note": note}
+
+    def _extra_columns(self, grounding: dict) -> dict[str, torch.Tensor]:
+        c = len(self.classes)
+        thresholds = self.dice_iou.thresholds.cpu()
+        dice, iou = grounding["dice_curve"].cpu().reshape(c, -1), grounding["iou_curve"].cpu().reshape(c, -1)
+        index = self._tuned_index()
+        rows, tuned = torch.arange(c), index >= 0
+        nan = torch.full((c,), float("nan"), dtype=torch.float64)
+        otsu = self.otsu.compute()
+        return {
+            "dice_tuned": torch.where(tuned, dice[rows, index.clamp_min(0)], nan),
+            "iou_tuned": torch.where(tuned, iou[rows, index.clamp_min(0)], nan),
+            "tau_tuned": torch.where(tuned & (grounding["n_regions"].cpu().reshape(c) > 0), thresholds[index.clamp_min(0)], nan),
+            "dice_otsu": otsu["dice_otsu"], "iou_otsu": otsu["iou_otsu"],
+            "energy_pg": self.energy.compute(),
+            "specificity": self.specificity.compute() if self.keyed else nan,
+            "map_similarity": self.similarity.compute() if self.similarity.update_called else nan,
+            "pg_lift": self.lift.compute(),
+            "dice_auc": dice_auc(dice, thresholds),
+            "pixel_auroc": self.pixel_auroc.compute(),
+        }
+
+    def _pair_values(self, grounding: dict, records: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every pair's value of each ``pair_keys`` key in fixed point ``[P, K]`` and its defined flag."""
+        cls, stored, defined = records["cls"], records["values"], records["defined"]
+        column = {k: i for i, k in enumerate(RECORD_KEYS)}
+        p, t = cls.numel(), self.dice_iou.fixed_index
+        best = torch.nan_to_num(grounding["dice_curve"].cpu().reshape(len(self.classes), -1), nan=-1.0).argmax(-1)
+        tuned = self._tuned_index()
+        pick = lambda curve, index: curve.gather(1, index[cls].clamp_min(0)[:, None])[:, 0]  # noqa: E731
+        ones = torch.ones(p, dtype=torch.long)
+        curve_auc = to_fixed(dice_auc(records["dice"].double() / FIXED_POINT_SCALE, self.dice_iou.thresholds.cpu()))
+        from_curves = {
+            self.keys[1]: (records["dice"][:, t], ones), self.keys[2]: (records["iou"][:, t], ones),
+            "dice_best": (pick(records["dice"], best), ones), "iou_best": (pick(records["iou"], best), ones),
+            "dice_tuned": (pick(records["dice"], tuned), (tuned[cls] >= 0).long()),
+            "iou_tuned": (pick(records["iou"], tuned), (tuned[cls] >= 0).long()),
+            "dice_auc": (curve_auc, ones),
+        }
+        values, flags = [], []
+        for key in pair_keys(self.dice_iou.fixed_threshold):
+            if key in from_curves:
+                v, d = from_curves[key]
+            else:
+                v, d = stored[:, column[key]], defined[:, column[key]]
+                if key == "specificity" and not self.keyed:
+                    d = torch.zeros_like(d)
+            values.append(v)
+            flags.append(d)
+        return torch.stack(values, 1) if values else torch.zeros(p, 0, dtype=torch.long), torch.stack(flags, 1)
+
+    def _resampled(self, grounding: dict) -> tuple[dict | None, dict]:
+        records = self.records.compute()  # synced and sorted by (image key, class) on every rank
+        # torchmetrics squeezes one-element results: restore [P], [P, K], [P, T]
+        width = {"values": len(RECORD_KEYS), "defined": len(RECORD_KEYS), "dice": self.records.n_thresholds, "iou": self.records.n_thresholds}
+        records = {k: v.reshape(-1, width[k]) if k in width else v.reshape(-1) for k, v in records.items()}
+        keys = pair_keys(self.dice_iou.fixed_threshold)
+        c = len(self.classes)
+        values, defined = self._pair_values(grounding, records)
+        cls = records["cls"]
+        stratum = torch.div(records["values"][:, RECORD_KEYS.index("size")], FIXED_POINT_SCALE, rounding_mode="floor")
+        strata = strata_means(stratum, cls, values, defined, c)
+
+        def row(means: torch.Tensor, pairs: torch.Tensor) -> dict:
+            out = {k: _number(float(means[i])) for i, k in enumerate(keys)}
+            out["n_regions"] = int(pairs)
+            return out
+
+        by_size = {"bounds": list(self.size_bounds),
+                   "classes": {name: {s: row(strata["means"][j, i], strata["pairs"][j, i]) for j, s in enumerate(SIZE_STRATA)}
+                               for i, name in enumerate(self.classes)},
+                   "mean": {}}
+        for j, s in enumerate(SIZE_STRATA):
+            macro = {}
+            for i, k in enumerate(keys):
+                defined_here = [float(v) for v in strata["means"][j, :, i] if not math.isnan(float(v))]
+                macro[k] = sum(defined_here) / len(defined_here) if defined_here else None
+            macro["n_regions"] = int(strata["pairs"][j].sum())
+            by_size["mean"][s] = macro
+        if self.bootstrap == 0 or cls.numel() == 0 or not self.keyed:
+            return None, by_size
+        boot = bootstrap_intervals(records["image"], cls, values, defined, c, self.bootstrap, self.bootstrap_seed)
+
+        def interval(pair: torch.Tensor) -> list | None:
+            low, high = (_number(float(v)) for v in pair)
+            return None if low is None else [low, high]
+
+        ci = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": "image",
+              "mean": {k: interval(boot["mean"][i]) for i, k in enumerate(keys)},
+              "classes": {name: {k: interval(boot["classes"][j, i]) for i, k in enumerate(keys)} for j, name in enumerate(self.classes)}}
+        return ci, by_size
 
     def reset(self) -> None:
-        for metric in (self.recognition, self.pointing, self.dice_iou):
+        for metric in (self.recognition, self.pointing, self.dice_iou, self.energy, self.lift, self.otsu, self.pixel_auroc,
+                       self.specificity, self.similarity, self.records):
             metric.reset()

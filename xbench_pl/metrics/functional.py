@@ -128,6 +128,170 @@ def best_threshold(mean_dice: torch.Tensor, thresholds: torch.Tensor) -> tuple[t
     return index, thresholds.to(mean_dice.device, torch.float64)[index]
 
 
+# -- beyond the paper: chance, energy, Otsu, threshold-free, specificity, size, bootstrap -------
+def area_fraction(masks: torch.Tensor) -> torch.Tensor:
+    """Per pair, the share of the image the region covers ``[N]`` (float64): the Pointing Game's
+    chance level (a map pointing uniformly at random hits with this probability)."""
+    region = masks.flatten(1).bool()
+    return region.sum(1).double() / region.shape[1]
+
+
+def pointing_lift(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Chance-corrected Pointing Game per pair: ``pointing_game - area_fraction`` ``[N]`` in [-1, 1];
+    0 for a constant map, NaN for an empty region."""
+    return pointing_game(maps, masks) - area_fraction(masks)
+
+
+def energy_pointing(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Energy pointing game per pair: the share of the map's mass inside the region,
+    ``sum_G m+ / sum m+`` with ``m+ = max(m, 0)`` ``[N]`` (float64) in [0, 1]. Pass normalised maps
+    (min-max maps are non-negative). A map without positive mass spreads it evenly: it scores
+    the region's area fraction, as the Pointing Game does for a constant map. NaN for an empty region."""
+    flat, region = maps.flatten(1).double(), masks.flatten(1).bool()
+    _raise_if_not_finite(flat.sum(1))
+    mass = flat.clamp_min(0)
+    total, inside = mass.sum(1), (mass * region).sum(1)
+    value = torch.where(total > 0, inside / total.clamp_min(torch.finfo(torch.float64).tiny), area_fraction(masks))
+    return torch.where(region.any(1), value, torch.full_like(value, float("nan")))
+
+
+def to_uint8(maps: torch.Tensor) -> torch.Tensor:
+    """``uint8(255 * m)`` as numpy casts (truncation) for maps in [0, 1]: CheXlocalize's 8-bit map."""
+    return (maps * 255).clamp(0, 255).to(torch.uint8)
+
+
+def otsu_threshold(maps8: torch.Tensor) -> torch.Tensor:
+    """Per 8-bit map ``[N, H, W]`` uint8, Otsu's threshold ``[N]`` (int64) as OpenCV's
+    ``cv2.threshold(..., THRESH_OTSU)`` picks it: the first grey level maximising the between-class
+    variance of its 256-bin histogram, 0 for a constant map. Binarise with ``maps8 > threshold``."""
+    n = maps8.shape[0]
+    flat = maps8.flatten(1).long()
+    rows = torch.arange(n, device=flat.device)[:, None] * 256
+    hist = torch.bincount((flat + rows).flatten(), minlength=256 * n).view(n, 256).double()
+    p = hist / flat.shape[1]
+    level = torch.arange(256, dtype=torch.float64, device=flat.device)
+    q1 = p.cumsum(1)
+    q2 = 1 - q1
+    mu = (p * level).sum(1, keepdim=True)
+    mu1 = (p * level).cumsum(1) / q1.clamp_min(1e-300)
+    mu2 = (mu - q1 * mu1) / q2.clamp_min(1e-300)
+    eps = float(torch.finfo(torch.float32).eps)
+    valid = (torch.minimum(q1, q2) >= eps) & (torch.maximum(q1, q2) <= 1 - eps)
+    sigma = torch.where(valid, q1 * q2 * (mu1 - mu2) ** 2, torch.zeros_like(q1))
+    best = sigma.argmax(1)  # first maximum
+    return torch.where(sigma.gather(1, best[:, None])[:, 0] > 0, best, torch.zeros_like(best))
+
+
+def otsu_dice_iou(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dice and IoU per pair ``[N]`` (float64) of the Otsu mask ``uint8(255 m) > otsu_threshold`` of
+    normalised maps in [0, 1] (OpenCV's Otsu on CheXlocalize's 8-bit map, without its contour
+    filling); an empty prediction scores 0; NaN for an empty region."""
+    _raise_if_not_finite(maps.flatten(1).sum(1))
+    maps8 = to_uint8(maps)
+    predicted = (maps8 > otsu_threshold(maps8)[:, None, None]).flatten(1)
+    region = masks.flatten(1).bool()
+    inter = (predicted & region).sum(1).double()
+    p, g = predicted.sum(1).double(), region.sum(1).double()
+    dice, iou = 2 * inter / (p + g).clamp_min(1), inter / (p + g - inter).clamp_min(1)
+    nan = torch.full_like(dice, float("nan"))
+    return torch.where(g > 0, dice, nan), torch.where(g > 0, iou, nan)
+
+
+def pixel_auroc(maps: torch.Tensor, masks: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """Per pair, the ROC AUC of the map's pixel values against the region's pixels ``[N]`` (float64):
+    the chance that a random region pixel outscores a random pixel outside it, ties counted half
+    (Quantus' ``AUC``; invariant to any increasing rescaling, so computed on raw maps). Twice the
+    area times ``P * N`` is summed exactly in int64. NaN if the region is empty or the whole image."""
+    flat, region = maps.flatten(1), masks.flatten(1).bool()
+    _raise_if_not_finite(flat.sum(1))
+    out = []
+    for start in range(0, flat.shape[0], chunk):
+        v, y = flat[start:start + chunk], region[start:start + chunk]
+        n, p = v.shape
+        v, order = v.sort(dim=1)  # tied values form one group whatever their order
+        y = y.gather(1, order).long()
+        new = torch.ones_like(y, dtype=torch.bool)
+        new[:, 1:] = v[:, 1:] != v[:, :-1]
+        group = (new.long().cumsum(1) - 1) + torch.arange(n, device=v.device)[:, None] * p
+        positives = torch.zeros(n * p, dtype=torch.long, device=v.device).index_add_(0, group.flatten(), y.flatten()).view(n, p)
+        count = torch.bincount(group.flatten(), minlength=n * p).view(n, p)
+        negatives = count - positives
+        below = negatives.cumsum(1) - negatives  # negatives in lower-valued groups
+        twice = (2 * below * positives + positives * negatives).sum(1)
+        pos, neg = y.sum(1), p - y.sum(1)
+        defined = (pos > 0) & (neg > 0)
+        auc = twice.double() / (2 * pos * neg).clamp_min(1).double()
+        out.append(torch.where(defined, auc, torch.full_like(auc, float("nan"))))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def dice_auc(curves: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """Area under Dice (or IoU) against the threshold, trapezoidal over ``thresholds`` (the grid spans
+    [0, 1], so the area is a mean Dice over thresholds): ``curves [..., T]`` -> ``[...]`` float64."""
+    return torch.trapezoid(curves.double(), thresholds.to(curves.device, torch.float64), dim=-1)
+
+
+def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """For the pairs of ONE image ``[K, H, W]`` (finding k's map, finding k's region), how much more
+    each map points at its own finding than at the image's other findings:
+    ``pg(map_k, region_k) - mean_{j != k} pg(map_k, region_j)`` ``[K]`` (float64, in [-1, 1]), with the
+    Pointing Game's tie rule (``pointing_game``). NaN unless the image has two or more regions."""
+    flat, region = maps.flatten(1), masks.flatten(1).bool()
+    k = flat.shape[0]
+    if k < 2:
+        return torch.full((k,), float("nan"), dtype=torch.float64)
+    hi, lo, constant = _range(flat)
+    maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
+    # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
+    inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
+    hits = inside / maximal.sum(1, keepdim=True).double()
+    own = hits.diagonal()
+    other = (hits.sum(1) - own) / (k - 1)
+    return own - other
+
+
+def map_similarity(saliency: torch.Tensor) -> torch.Tensor:
+    """Per image of ``saliency [B, C, h, w]``, per finding c, the mean Pearson correlation of map c with
+    the image's other findings' maps ``[B, C]`` (float64, in [-1, 1]): 1 means the model draws the same
+    map whatever the finding. Two constant maps correlate 1, a constant and a varying map 0. NaN for one finding."""
+    b, c = saliency.shape[:2]
+    if c < 2:
+        return torch.full((b, c), float("nan"), dtype=torch.float64)
+    x = saliency.flatten(2).double()
+    x = x - x.mean(-1, keepdim=True)
+    norm = x.pow(2).sum(-1).sqrt()
+    hi = saliency.flatten(2).double().abs().amax(-1)
+    constant = norm <= RELATIVE_TOLERANCE * hi.clamp_min(torch.finfo(torch.float64).tiny) * x.shape[-1] ** 0.5
+    z = torch.where(constant[..., None], torch.zeros_like(x), x / torch.where(constant, torch.ones_like(norm), norm)[..., None])
+    corr = (z[:, :, None, :] * z[:, None, :, :]).sum(-1)  # [B, C, C]
+    both_constant = constant[:, :, None] & constant[:, None, :]
+    corr = torch.where(both_constant, torch.ones_like(corr), corr.clamp(-1, 1))
+    eye = torch.eye(c, dtype=torch.bool, device=corr.device)
+    return corr.masked_fill(eye, 0).sum(-1) / (c - 1)
+
+
+def size_stratum(fraction: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+    """Size stratum per pair from the region's area fraction: 0 small (< bounds[0]), 1 medium, 2 large (>= bounds[1])."""
+    edges = torch.tensor(bounds, dtype=torch.float64, device=fraction.device)
+    return torch.bucketize(fraction.double(), edges, right=True)
+
+
+def bootstrap_weights(n_units: int, resamples: int, seed: int = 0) -> torch.Tensor:
+    """How often each of ``n_units`` units is drawn in each of ``resamples`` resamples with replacement
+    of ``n_units`` units ``[resamples, n_units]`` (int64), from a seeded generator: the same on any machine."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n_units, (resamples, n_units), generator=gen)
+    return torch.zeros(resamples, n_units, dtype=torch.long).scatter_add_(1, draws, torch.ones_like(draws))
+
+
+def percentile_interval(replicates: torch.Tensor, level: float = 0.95) -> torch.Tensor:
+    """The percentile interval ``[..., 2]`` of bootstrap replicates ``[R, ...]`` (float64, NaN replicates
+    ignored; linear interpolation, ``numpy.nanquantile``'s default); NaN where none is defined."""
+    tail = (1 - level) / 2
+    q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    return torch.nanquantile(replicates.double(), q, dim=0).movedim(0, -1)
+
+
 # -- recognition ------------------------------------------------------------------------------
 def ranking_counts(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """True and false positives (int64) at each distinct score, from the highest down: ``tps, fps``.

@@ -4,7 +4,10 @@ Per-pair values in [0, 1] are accumulated as int64 fixed-point sums (``FIXED_POI
 integer addition is associative, so the totals, and every number derived from them, are
 bit-identical whether the pairs were seen by 1 process or split over N (float sums are not).
 Each ``update`` takes pairs: ``maps [N, H, W]``, ``masks [N, H, W]`` bool, ``class_index [N]``;
-pairs with an empty region are ignored. Dense ``[B, C, H, W]`` inputs become pairs with
+pairs with an empty region are ignored. After an ``update``, a pair metric's ``last`` (a plain
+attribute, not a state) holds that update's per-pair values for the pairs it counted, in input
+order (``FindingSpecificity``: for every input pair), so ``BenchmarkMetrics`` keeps them per pair
+without computing them twice. Dense ``[B, C, H, W]`` inputs become pairs with
 ``maps.flatten(0, 1), masks.flatten(0, 1), torch.arange(C).repeat(B)``.
 """
 
@@ -14,11 +17,18 @@ import torch
 from torchmetrics import Metric
 
 from xbench_pl.metrics.functional import (
+    area_fraction,
     best_threshold,
     default_thresholds,
     dice_iou_curve,
+    energy_pointing,
+    finding_specificity,
+    map_similarity,
     normalize_saliency,
+    otsu_dice_iou,
+    pixel_auroc,
     pointing_game,
+    pointing_lift,
 )
 
 FIXED_POINT_SCALE = 2**40  # resolution 1e-12 per pair; room for 2**23 pairs per class in int64
@@ -65,7 +75,9 @@ class PointingGame(_PairMetric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
-        self.hits = self.hits.index_add(0, cls, to_fixed(pointing_game(maps, masks)))
+        hits = pointing_game(maps, masks)
+        self.hits = self.hits.index_add(0, cls, to_fixed(hits))
+        self.last = hits
 
     def compute(self) -> torch.Tensor:
         """``[C]`` hit rate per class (NaN for a class without regions)."""
@@ -102,6 +114,7 @@ class DiceIoU(_PairMetric):
         dice, iou = dice_iou_curve(normalize_saliency(maps, self.normalize), masks, self.thresholds)
         self.dice = self.dice.index_add(0, cls, to_fixed(dice))
         self.iou = self.iou.index_add(0, cls, to_fixed(iou))
+        self.last = (dice, iou)
 
     def compute(self) -> dict[str, torch.Tensor]:
         dice, iou = from_fixed(self.dice, self.pairs), from_fixed(self.iou, self.pairs)
@@ -121,3 +134,188 @@ class DiceIoU(_PairMetric):
             "iou_best": iou[rows, best],
             "delta_dice": dice_best - dice[:, self.fixed_index],
         }
+
+
+# -- beyond the paper -------------------------------------------------------------------------
+class _DefinedPairMetric(_PairMetric):
+    """A per-pair statistic that may be undefined (NaN) for some pairs with a region: sums and
+    counts only the defined ones (``defined`` per class)."""
+
+    plot_lower_bound, plot_upper_bound = 0.0, 1.0
+
+    def __init__(self, num_classes: int, **kwargs):
+        super().__init__(num_classes, **kwargs)
+        self.add_state("total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("defined", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _values(self, maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
+        maps, masks, cls = self._select(maps, masks, class_index)
+        values = self._values(maps, masks)
+        ok = ~torch.isnan(values)
+        self.total = self.total.index_add(0, cls[ok], to_fixed(values[ok]))
+        self.defined = self.defined + torch.bincount(cls[ok], minlength=self.num_classes)
+        self.last = values
+
+    def compute(self) -> torch.Tensor:
+        """``[C]`` mean over the pairs where the value is defined (NaN for a class without any)."""
+        return from_fixed(self.total, self.defined)
+
+
+class EnergyPointing(_DefinedPairMetric):
+    """Mean energy pointing game per class (``functional.energy_pointing`` of the ``normalize``d map)."""
+
+    def __init__(self, num_classes: int, normalize: str = "minmax", **kwargs):
+        super().__init__(num_classes, **kwargs)
+        self.normalize = normalize
+
+    def _values(self, maps, masks):
+        return energy_pointing(normalize_saliency(maps, self.normalize), masks)
+
+
+class PointingLift(_DefinedPairMetric):
+    """Mean chance-corrected pointing hit per class, ``pointing_game - area_fraction`` (``functional.pointing_lift``)."""
+
+    plot_lower_bound = -1.0
+
+    def _values(self, maps, masks):
+        return pointing_lift(maps, masks)
+
+
+class PixelAUROC(_DefinedPairMetric):
+    """Mean per-pair pixel AUROC of the raw map against the region (``functional.pixel_auroc``);
+    pairs whose region covers the whole image are undefined and not counted."""
+
+    def _values(self, maps, masks):
+        return pixel_auroc(maps, masks)
+
+
+class OtsuDiceIoU(_PairMetric):
+    """Mean Dice and IoU per class of each ``normalize``d map's Otsu mask (``functional.otsu_dice_iou``)."""
+
+    plot_lower_bound, plot_upper_bound = 0.0, 1.0
+
+    def __init__(self, num_classes: int, normalize: str = "minmax", **kwargs):
+        super().__init__(num_classes, **kwargs)
+        self.normalize = normalize
+        self.add_state("dice", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("iou", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
+        maps, masks, cls = self._select(maps, masks, class_index)
+        dice, iou = otsu_dice_iou(normalize_saliency(maps, self.normalize), masks)
+        self.dice = self.dice.index_add(0, cls, to_fixed(dice))
+        self.iou = self.iou.index_add(0, cls, to_fixed(iou))
+        self.last = (dice, iou)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"dice_otsu": from_fixed(self.dice, self.pairs), "iou_otsu": from_fixed(self.iou, self.pairs)}
+
+
+class FindingSpecificity(Metric):
+    """Mean ``functional.finding_specificity`` per class over the pairs whose image has two or more
+    regions: ``update`` also takes each pair's image (``sample_index [N]``, any ids unique per image
+    within the call)."""
+
+    full_state_update = False
+    higher_is_better = True
+    is_differentiable = False
+    plot_lower_bound, plot_upper_bound = -1.0, 1.0
+
+    def __init__(self, num_classes: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.add_state("total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("defined", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, sample_index: torch.Tensor) -> None:
+        values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64, device=maps.device)
+        keep = masks.flatten(1).any(1)
+        for image in torch.unique(sample_index[keep]).tolist():
+            rows = (keep & (sample_index == image)).nonzero().flatten()
+            values[rows] = finding_specificity(maps[rows], masks[rows]).to(values.device)
+        ok = ~torch.isnan(values)
+        cls = class_index[ok].long()
+        self.total = self.total.index_add(0, cls, to_fixed(values[ok]))
+        self.defined = self.defined + torch.bincount(cls, minlength=self.num_classes)
+        self.last = values
+
+    def compute(self) -> torch.Tensor:
+        return from_fixed(self.total, self.defined)
+
+
+class MapSimilarity(Metric):
+    """Mean ``functional.map_similarity`` per class over images: ``update(saliency [B, C, h, w])``,
+    every finding's map of every image (native grid)."""
+
+    full_state_update = False
+    higher_is_better = False
+    is_differentiable = False
+    plot_lower_bound, plot_upper_bound = -1.0, 1.0
+
+    def __init__(self, num_classes: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.add_state("total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("images", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, saliency: torch.Tensor) -> None:
+        if saliency.dim() != 4 or saliency.shape[1] != self.num_classes:
+            raise ValueError(f"expected saliency [B, {self.num_classes}, h, w], got {tuple(saliency.shape)}")
+        if self.num_classes < 2 or saliency.shape[0] == 0:
+            self.images = self.images + saliency.shape[0]
+            return
+        self.total = self.total + to_fixed(map_similarity(saliency)).sum(0).to(self.total.device)
+        self.images = self.images + saliency.shape[0]
+
+    def compute(self) -> torch.Tensor:
+        if self.num_classes < 2:
+            return torch.full((self.num_classes,), float("nan"), dtype=torch.float64)
+        return from_fixed(self.total, self.images.expand(self.num_classes))
+
+
+class PairRecords(Metric):
+    """Every counted pair's values, for statistics that need each sample (bootstrap intervals, size
+    strata): per pair its image's key (int64, ``image_key``), class, values of ``keys`` in fixed point
+    with a defined flag, and its Dice and IoU curves in fixed point. ``compute`` returns them sorted by
+    (image key, class): the same order on 1 or N processes."""
+
+    full_state_update = False
+    is_differentiable = False
+
+    def __init__(self, keys: tuple[str, ...], n_thresholds: int, **kwargs):
+        super().__init__(**kwargs)
+        self.keys, self.n_thresholds = tuple(keys), n_thresholds
+        for name in ("image", "cls", "values", "defined", "dice", "iou"):
+            self.add_state(name, [], dist_reduce_fx="cat")
+        self._prime()
+
+    def _prime(self) -> None:
+        """One empty batch of the right shapes: a DDP rank without pairs syncs like the others."""
+        k, t = len(self.keys), self.n_thresholds
+        for name, shape in (("image", (0,)), ("cls", (0,)), ("values", (0, k)), ("defined", (0, k)), ("dice", (0, t)), ("iou", (0, t))):
+            getattr(self, name).append(torch.zeros(shape, dtype=torch.long, device=self.device))
+
+    def reset(self) -> None:
+        super().reset()
+        self._prime()
+
+    def update(self, image: torch.Tensor, cls: torch.Tensor, values: dict[str, torch.Tensor], dice: torch.Tensor, iou: torch.Tensor) -> None:
+        stacked = torch.stack([values[k].double().cpu() for k in self.keys], dim=1) if self.keys else torch.zeros(len(cls), 0, dtype=torch.float64)
+        ok = ~torch.isnan(stacked)
+        self.image.append(image.long().to(self.device))
+        self.cls.append(cls.long().to(self.device))
+        self.values.append(to_fixed(torch.nan_to_num(stacked, nan=0.0)).to(self.device))
+        self.defined.append(ok.long().to(self.device))
+        self.dice.append(to_fixed(dice).to(self.device))
+        self.iou.append(to_fixed(iou).to(self.device))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        from torchmetrics.utilities import dim_zero_cat
+
+        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in ("image", "cls", "values", "defined", "dice", "iou")}
+        order = torch.argsort(out["cls"], stable=True)
+        order = order[torch.argsort(out["image"][order], stable=True)]
+        return {name: value[order] for name, value in out.items()}

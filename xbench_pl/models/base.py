@@ -18,6 +18,8 @@ from torch import nn
 from xbench_pl.data.base import Batch
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics import BenchmarkMetrics
+from xbench_pl.metrics.benchmark import read_tuned_thresholds
+from xbench_pl.metrics.resampling import image_key
 
 
 @dataclass
@@ -54,13 +56,24 @@ class ZeroShotModel(L.LightningModule):
         normalize: per-map saliency normalisation before thresholding (``minmax``, ``max``, ``none``).
         fixed_threshold: the fixed Dice/IoU threshold (on the 0.01 grid).
         score_threshold: threshold on scores for F1 and Hamming accuracy.
+        bootstrap: bootstrap resamples for the 95 % intervals in ``ci`` (0 = off), from per-pair values
+            (``xbench_pl.metrics.resampling``); ``bootstrap_seed`` seeds them.
+        size_strata: the area fractions separating small | medium | large regions in ``by_size``.
+        tune_from: a tuning run's ``metrics.json`` (or its folder): each finding's ``tau_best`` there is
+            applied unchanged (``dice_tuned``, ``iou_tuned``, ``tau_tuned``); None: not reported, and
+            the report says so.
     """
 
     preprocess: Preprocess
 
-    def __init__(self, normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5):
+    def __init__(self, normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
+                 bootstrap: int = 1000, bootstrap_seed: int = 0, size_strata: tuple[float, float] = (0.01, 0.1),
+                 tune_from: str | None = None):
         super().__init__()
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
+        self.bootstrap, self.bootstrap_seed, self.size_strata = int(bootstrap), int(bootstrap_seed), tuple(size_strata)
+        self.tune_from = tune_from
+        self.tuned_thresholds = read_tuned_thresholds(tune_from) if tune_from else {}
         self.benchmark = nn.ModuleDict()
         self.results: dict[str, dict] = {}
         self.curves: dict[str, dict] = {}  # per dataset: Dice/IoU against tau, reliability bins (BenchmarkMetrics.curves)
@@ -79,7 +92,9 @@ class ZeroShotModel(L.LightningModule):
 
     # -- evaluation -------------------------------------------------------------------------
     def add_dataset(self, name: str, classes: list[str]) -> None:
-        self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold).to(self.device)
+        self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
+                                                bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
+                                                tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from).to(self.device)
 
     def on_test_start(self) -> None:
         self.benchmark = nn.ModuleDict()
@@ -108,7 +123,9 @@ class ZeroShotModel(L.LightningModule):
         maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
                                  batch.original_size[sample], batch.region_masks.shape[-1])
         masks = batch.region_masks[counted_pairs]
-        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls)
+        keys = torch.tensor([image_key(batch.image_ids[i]) for i in sample.tolist()], dtype=torch.long)
+        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls,
+                                             image_keys=keys, saliency=output.saliency[counted])
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
 
     def on_test_epoch_end(self) -> None:
