@@ -26,10 +26,14 @@ from xbench_pl.metrics.resampling import image_key
 class ZeroShotOutput:
     """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
     saliency ``[B, C, h, w]``: where the model locates finding c, on its native grid, which
-    spans the whole model input (``preprocess.size`` square); larger = more salient."""
+    spans the whole model input (``preprocess.size`` square); larger = more salient.
+    logits ``[B, C]`` (optional): the model's raw score as its authors compute it, before any
+    mapping to ``scores`` (a model whose authors score in [0, 1] may leave it ``None``); the
+    benchmark metrics read ``scores`` only."""
 
     scores: torch.Tensor
     saliency: torch.Tensor
+    logits: torch.Tensor | None = None
 
 
 @dataclass
