@@ -198,13 +198,20 @@ def test_a_store_refuses_another_config_and_an_unasked_resume(reference, tmp_pat
     assert missing.returncode == 2 and "no prediction store" in missing.stderr
 
 
-def test_two_process_ddp_store_rescores_to_the_same_numbers(reference, tmp_path):
-    run, _ = reference
+def test_two_process_ddp_resumes_a_store_and_it_rescores_to_the_same_numbers(reference, tmp_path):
+    run, reference_store = reference
     store = tmp_path / "store"
-    run_test(tmp_path / "ddp", "--predictions", str(store), "--predictions_dtype", "float32", "--trainer.devices", "2",
-             "--trainer.strategy", "ddp")
-    ranks = sorted({p.name.split("-")[1] for p in Store(store).shard_paths()})
-    assert ranks == ["rank0", "rank1"]  # each rank wrote its own shards
+    subprocess.run(["cp", "-r", str(reference_store), str(store)], check=True)
+    for shard in Store(store).shard_paths()[1::2]:
+        shard.unlink()  # 6 of the 12 images left, as after a crash
+    before = set(Store(store).shard_paths())
+    log = tmp_path / "computed.txt"
+    run_test(tmp_path / "ddp", "--predictions", str(store), "--predictions_dtype", "float32", "--resume", "true",
+             "--trainer.devices", "2", "--trainer.strategy", "ddp", XBENCH_TEST_LOG=str(log))
+    new = set(Store(store).shard_paths()) - before
+    assert sorted(p.name.split("-")[1] for p in new) == ["rank0", "rank1"]  # each rank wrote its own shard
+    assert len(log.read_text().split()) == 6  # the two ranks computed only the missing images, once each
+    assert metrics(tmp_path / "ddp") == metrics(run)  # stored images replayed over both ranks: byte for byte
     scored = cli("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
     assert scored.returncode == 0, scored.stderr[-3000:]
-    assert metrics(tmp_path / "score") == metrics(tmp_path / "ddp") == metrics(run)
+    assert metrics(tmp_path / "score") == metrics(run)
