@@ -28,6 +28,7 @@ shard or none; a truncated or altered one fails its length or checksum and is ne
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -166,11 +167,19 @@ class Store:
         return str(self.root)
 
 
+def metric_settings(model) -> dict:
+    """A model's values of ``ZeroShotModel``'s own arguments (normalisation, thresholds and every other
+    metric setting the base class takes), read from its attributes of the same names."""
+    names = [name for name in inspect.signature(ZeroShotModel.__init__).parameters if name != "self"]
+    return {name: getattr(model, name) for name in names if hasattr(model, name)}
+
+
 def manifest(model_name: str | None, config: dict, metrics: dict, dtype: str, random_weights: bool) -> dict:
+    """What a store records of the run that writes it (as JSON data: tuples become lists, so that it compares equal when read back)."""
     import xbench_pl
 
-    return {"format": FORMAT, "xbench_pl": xbench_pl.__version__, "model_name": model_name, "random_weights": random_weights,
-            "config": config, "metrics": metrics, "dtype": dtype}
+    return json.loads(json.dumps({"format": FORMAT, "xbench_pl": xbench_pl.__version__, "model_name": model_name,
+                                  "random_weights": random_weights, "config": config, "metrics": metrics, "dtype": dtype}))
 
 
 def _flat(value, prefix: str = "") -> dict:
@@ -205,9 +214,8 @@ class Replayer(ZeroShotModel):
     (the benchmark's own, unchanged) then warps and counts them exactly as in the run that made
     them. ``benchmark``: the metrics to feed (shared with a live model when resuming)."""
 
-    def __init__(self, benchmark: nn.ModuleDict | None = None, normalize: str = "minmax", fixed_threshold: float = 0.5,
-                 score_threshold: float = 0.5):
-        super().__init__(normalize=normalize, fixed_threshold=fixed_threshold, score_threshold=score_threshold)
+    def __init__(self, benchmark: nn.ModuleDict | None = None, **settings):
+        super().__init__(**settings)  # ZeroShotModel's own arguments: the metric settings (``metric_settings``)
         if benchmark is not None:
             self.benchmark = benchmark
         self.answer: ZeroShotOutput | None = None

@@ -59,14 +59,14 @@ def score_host() -> SimpleNamespace:
 
 
 def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
-    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}``."""
+    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}``; ``metrics``:
+    ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
     good, bad = store.load()
     if bad:
         raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
                          f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
                          "which redoes their images")
-    replayer = Replayer(normalize=metrics["normalize"], fixed_threshold=metrics["fixed_threshold"],
-                        score_threshold=metrics["score_threshold"])
+    replayer = Replayer(**metrics)
     for spec in datamodule.dataset_specs:  # in the order a test run creates them
         replayer.add_dataset(spec.name, spec.classes)
     for child in datamodule.datamodules:
@@ -117,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     changed = name is not None or any(base["init_args"].get(k) != v for k, v in chosen.items())
     if changed:
         config["data"] = {"class_path": base["class_path"], "init_args": {**base.get("init_args", {}), **chosen}}
-    metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
+    chosen_metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
     init_args = config.get("model", {}).setdefault("init_args", {})
-    for key, value in metrics.items():
+    for key, value in chosen_metrics.items():
         if key in init_args or value != stored.get("metrics", {}).get(key):
             init_args[key] = value
+    metrics = {**stored.get("metrics", {}), **chosen_metrics}  # every metric setting of the run, as asked
     try:
         datamodule = datamodule_class(**chosen)
         results = rescore(store, datamodule, metrics, args.chunk)

@@ -27,7 +27,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from xbench_pl.predictions import DTYPES, Replayer, Store, StoreError, check_same_config, manifest, replay
+from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
+                                   replay)
 
 
 def _safe(text: str) -> str:
@@ -77,8 +78,7 @@ class PredictionWriter(Callback):
         }
 
     def wanted_manifest(self, trainer, pl_module) -> dict:
-        metrics = {k: getattr(pl_module, k, None) for k in ("normalize", "fixed_threshold", "score_threshold")}
-        return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), metrics, self.dtype,
+        return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), metric_settings(pl_module), self.dtype,
                         bool(getattr(pl_module, "random_weights", False)))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -132,7 +132,7 @@ class PredictionWriter(Callback):
             if name not in pl_module.benchmark:
                 pl_module.add_dataset(name, children[name].classes)
         # the model's own metrics, fed by the benchmark's own test_step with the stored answers
-        replayer = Replayer(pl_module.benchmark, pl_module.normalize, pl_module.fixed_threshold, pl_module.score_threshold)
+        replayer = Replayer(pl_module.benchmark, **metric_settings(pl_module))
         while self.pending:
             shard = self.pending.pop(0)
             replay(replayer, children[shard["dataset"]].test_set, shard, device=pl_module.device)
