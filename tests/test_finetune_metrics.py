@@ -105,3 +105,11 @@ def test_validation_logs_the_benchmark_metrics_every_epoch_without_accumulating(
     assert {"pointing_game", "dice@0.5", "dice_best", "tau_best", "auroc", "n_regions"} <= set(compared)
     for key in compared:  # self.log keeps float32
         assert epochs[-1][f"val/{key}"] == pytest.approx(model.results["demo"]["mean"][key], rel=1e-6, abs=1e-7), key
+
+
+def test_the_readme_shows_this_example_verbatim():
+    import inspect
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert inspect.getsource(FineTune) in readme
