@@ -1,12 +1,19 @@
 """How fast are the grounding metrics? Prints ratios measured in one run, on this machine.
 
-1. ``dice_iou_curve`` (one histogram pass for all thresholds) against the per-threshold loop
-   that is already vectorised over maps, on N maps of S x S with 101 thresholds; both must
-   give the same numbers.
-2. The benchmark's per-batch metric cost (warp to the eval grid + Pointing Game + Dice/IoU
-   curve + recognition) as a share of a CLIP ViT-B/16 forward (random init) on the same batch.
+1. ``dice_iou_curve`` on N maps of S x S (a box mask, 101 thresholds) three ways: the fused kernel
+   (``xbench_pl/metrics/kernels.py``, numba), the torch reference (one histogram pass with full-size
+   temporaries) and the lean per-threshold loop (``B = M >= t; (B & R).sum(1); B.sum(1)`` per threshold,
+   vectorised over maps, Dice only), against the read floor (``maps.sum()``: reading the maps once).
+   All must give the same Dice. Goals (issue 14): kernel >= 50x the lean loop, <= 20x the read floor.
+2. Per region pair on the 512² eval grid, each statistic of ``BenchmarkMetrics``: the torch reference
+   against the kernels (same numbers; energy_pg within 1e-15, see kernels.py).
+3. The benchmark's per-batch metric cost (warp to the eval grid + every statistic + recognition) as a
+   share of a CLIP ViT-B/16 image forward (random init) on the same batch, kernels on and off.
+With a GPU, part 1 is repeated on CUDA tensors (the torch path: the kernels are CPU code).
 
-Run: ``python benchmarks/bench_metrics.py [--maps 1000] [--size 224] [--repeats 3]``.
+Timings are best-of ``--repeats`` and interleaved (each round times every variant once), so a busy
+machine slows all variants alike; compare the ratios. Run:
+``python benchmarks/bench_metrics.py [--maps 1024] [--size 224] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -17,57 +24,105 @@ import time
 import torch
 
 from xbench_pl.geometry import warp_to_eval_grid
-from xbench_pl.metrics import BenchmarkMetrics, default_thresholds, dice_iou_curve, normalize_saliency
+from xbench_pl.metrics import BenchmarkMetrics, default_thresholds, dice_iou_curve, functional, kernels, normalize_saliency
 
 
-def loop_over_thresholds(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor):
-    """The baseline: one vectorised pass over all maps per threshold."""
-    truth = masks.flatten(1).sum(1).double()
-    dice, iou = [], []
-    for t in thresholds:
-        selected = maps >= t
-        predicted = selected.flatten(1).sum(1).double()
-        inter = (selected & masks).flatten(1).sum(1).double()
+def lean_loop(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """The baseline of issue 14: one vectorised pass over all maps per threshold, Dice only."""
+    flat, region = maps.flatten(1), masks.flatten(1)
+    truth = region.sum(1).double()
+    dice = []
+    for t in thresholds.tolist():
+        selected = flat >= t
+        inter, predicted = (selected & region).sum(1).double(), selected.sum(1).double()
         dice.append(2 * inter / (predicted + truth))
-        iou.append(inter / (predicted + truth - inter))
-    return torch.stack(dice, 1), torch.stack(iou, 1)
+    return torch.stack(dice, 1)
 
 
-def best_of(repeats: int, fn):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), out
+def interleaved(fns: dict, repeats: int, once: tuple = ()) -> tuple[dict, dict]:
+    """Best-of-``repeats`` seconds per function, every round timing each once (``once``: first round only)."""
+    best, out = {k: float("inf") for k in fns}, {}
+    for round_ in range(repeats):
+        for name, fn in fns.items():
+            if round_ and name in once:
+                continue
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out[name] = fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best, out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--maps", type=int, default=1000)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--classes", type=int, default=8)
-    args = parser.parse_args()
+def curve_part(args, device: str) -> None:
     gen = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    maps = normalize_saliency(torch.rand(args.maps, args.size, args.size, generator=gen)).to(device)
+    masks = torch.zeros(args.maps, args.size, args.size, dtype=torch.bool, device=device)
+    masks[:, args.size // 4: args.size // 2, args.size // 3: 2 * args.size // 3] = True
+    thresholds = default_thresholds().to(device)
 
-    maps = normalize_saliency(torch.rand(args.maps, args.size, args.size, generator=gen))
-    masks = torch.rand(args.maps, args.size, args.size, generator=gen) > 0.8
+    def reference():
+        with kernels.disabled():
+            return dice_iou_curve(maps, masks, thresholds)[0]
+
+    fns = {"read floor (maps.sum())": lambda: maps.sum(), "dice_iou_curve": lambda: dice_iou_curve(maps, masks, thresholds)[0],
+           "torch reference": reference, "lean per-threshold loop": lambda: lean_loop(maps, masks, thresholds)}
+    if args.skip_loop:
+        fns.pop("lean per-threshold loop")
+    best, out = interleaved(fns, args.repeats, once=("lean per-threshold loop",))
+    path = "kernel" if kernels.applies(maps, masks) else "torch path"
+    print(f"dice_iou_curve on {device}, {args.maps} maps of {args.size}², box mask, {thresholds.numel()} thresholds ({path}):")
+    floor, fast = best["read floor (maps.sum())"], best["dice_iou_curve"]
+    for name, seconds in best.items():
+        print(f"  {name:<26} {seconds * 1000:9.1f} ms   {seconds / floor:7.1f}x read floor   {seconds / fast:7.1f}x dice_iou_curve")
+    same = all(torch.equal(out["dice_iou_curve"], out[k]) for k in ("torch reference", "lean per-threshold loop") if k in out)
+    print(f"  identical Dice: {same}")
+
+
+def pair_part(args) -> None:
+    gen = torch.Generator().manual_seed(1)
+    n, e = args.pairs, 512
+    maps = torch.nn.functional.interpolate(torch.randn(n, 1, 14, 14, generator=gen), size=e, mode="bilinear")[:, 0].contiguous()
+    masks = torch.zeros(n, e, e, dtype=torch.bool)
+    masks[:, 100:300, 150:350] = True
     thresholds = default_thresholds()
-    t_hist, (dice, iou) = best_of(args.repeats, lambda: dice_iou_curve(maps, masks, thresholds))
-    t_loop, (ref_dice, ref_iou) = best_of(args.repeats, lambda: loop_over_thresholds(maps, masks, thresholds))
-    same = torch.equal(dice, ref_dice) and torch.equal(iou, ref_iou)
-    print(f"dice_iou_curve, {args.maps} maps of {args.size}², {thresholds.numel()} thresholds:")
-    print(f"  histogram pass {t_hist:.3f} s | per-threshold loop {t_loop:.3f} s | speed-up {t_loop / t_hist:.1f}x | identical: {same}")
 
+    def both(fn_ref, fn_fast):
+        def ref():
+            with kernels.disabled():
+                return fn_ref()
+        return ref, fn_fast
+
+    normal = lambda: normalize_saliency(maps)  # noqa: E731  (the reference normalises first)
+    stats = {
+        "dice/iou curve": both(lambda: dice_iou_curve(normal(), masks, thresholds), lambda: kernels.dice_iou_curve(maps, masks, thresholds, "minmax")),
+        "pointing game": both(lambda: functional.pointing_game(maps, masks), lambda: functional.pointing_game(maps, masks)),
+        "dice/iou otsu": both(lambda: functional.otsu_dice_iou(normal(), masks), lambda: kernels.otsu_dice_iou(maps, masks, "minmax")),
+        "energy_pg": both(lambda: functional.energy_pointing(normal(), masks), lambda: kernels.energy_pointing(maps, masks, "minmax")),
+        "pixel_auroc": both(lambda: functional.pixel_auroc(maps, masks), lambda: functional.pixel_auroc(maps, masks)),
+        "all, one fused pass": both(lambda: None, lambda: kernels.grounding_statistics(maps, masks, thresholds, "minmax")),
+    }
+    fns = {}
+    for name, (ref, fast) in stats.items():
+        fns[name + " ref"], fns[name + " kernel"] = ref, fast
+    best, _ = interleaved(fns, args.repeats)
+    print(f"per region pair, eval grid {e}² ({n} pairs, maps bilinear from 14²), ms per pair:")
+    print(f"  {'statistic':<22} {'torch reference':>16} {'kernel':>9} {'speed-up':>9}")
+    for name in stats:
+        ref, fast = best[name + " ref"] / n * 1000, best[name + " kernel"] / n * 1000
+        ref_text = f"{ref:16.2f}" if name != "all, one fused pass" else f"{'':>16}"
+        speed = f"{ref / fast:8.1f}x" if name != "all, one fused pass" else ""
+        print(f"  {name:<22} {ref_text} {fast:9.2f} {speed:>9}")
+
+
+def forward_part(args) -> None:
     import open_clip
 
+    gen = torch.Generator().manual_seed(2)
     model = open_clip.create_model("ViT-B-16", pretrained=None).visual.eval()
     images = torch.randn(args.batch, 3, 224, 224, generator=gen)
-    with torch.inference_mode():
-        t_forward, _ = best_of(args.repeats, lambda: model(images))
     classes = [f"finding {i}" for i in range(args.classes)]
     saliency = torch.randn(args.batch, args.classes, 14, 14, generator=gen)
     scores = torch.rand(args.batch, args.classes, generator=gen)
@@ -78,16 +133,52 @@ def main() -> None:
     masks[:, 100:300, 150:350] = True
     affine = torch.tensor([[224 / 1024, 224 / 1024, 0.0, 0.0]], dtype=torch.float64).expand(len(pairs), 4)
     sizes = torch.tensor([[1024, 1024]]).expand(len(pairs), 2)
+    keys = pairs[:, 0].long()
 
     def metric_update():
         metrics = BenchmarkMetrics(classes)
         maps = warp_to_eval_grid(saliency[pairs[:, 0], pairs[:, 1]], affine, 224, sizes, eval_size)
-        metrics.update(scores, labels, maps, masks, pairs[:, 1])
+        metrics.update(scores, labels, maps, masks, pairs[:, 1], image_keys=keys, saliency=saliency)
 
-    t_metric, _ = best_of(args.repeats, metric_update)
+    def reference_update():
+        with kernels.disabled():
+            metric_update()
+
+    def forward():
+        with torch.inference_mode():
+            return model(images)
+
+    best, _ = interleaved({"forward": forward, "kernel": metric_update, "reference": reference_update}, args.repeats)
     print(f"per batch of {args.batch} images x {args.classes} findings ({len(pairs)} region pairs, eval grid {eval_size}²):")
-    print(f"  metric update {t_metric * 1000:.1f} ms | CLIP ViT-B/16 image forward {t_forward * 1000:.1f} ms | "
-          f"metrics = {100 * t_metric / t_forward:.1f} % of the forward")
+    print(f"  CLIP ViT-B/16 image forward {best['forward'] * 1000:.1f} ms")
+    for name in ("reference", "kernel"):
+        print(f"  metric update, {name:<9} {best[name] * 1000:8.1f} ms = {100 * best[name] / best['forward']:5.1f} % of the forward")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maps", type=int, default=1024)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=8, help="region pairs for the per-pair timings")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--classes", type=int, default=8)
+    parser.add_argument("--skip_loop", action="store_true", help="leave out the (slow) lean loop")
+    parser.add_argument("--parts", default="curve,pairs,forward")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernels {'on' if kernels.available() else 'off (torch path)'}")
+    tiny = torch.rand(2, 8, 8), torch.rand(2, 8, 8) > 0.5
+    if kernels.available():
+        kernels.grounding_statistics(*tiny, default_thresholds(), "minmax")  # load the compiled kernels before timing
+    parts = args.parts.split(",")
+    if "curve" in parts:
+        curve_part(args, "cpu")
+        if torch.cuda.is_available():
+            curve_part(args, "cuda")
+    if "pairs" in parts:
+        pair_part(args)
+    if "forward" in parts:
+        forward_part(args)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from xbench_pl.metrics.grounding import (
     PixelAUROC,
     PointingGame,
     PointingLift,
+    shared_pass,
     to_fixed,
 )
 from xbench_pl.metrics.resampling import DEFAULT_SIZE_BOUNDS, SIZE_STRATA, bootstrap_intervals, strata_means
@@ -121,6 +122,7 @@ class BenchmarkMetrics(nn.Module):
         self.records = PairRecords(RECORD_KEYS, self.dice_iou.thresholds.numel())
         self.keyed = True  # every update gave image keys (bootstrap and specificity need them)
 
+    @shared_pass()  # the grounding metrics share one fused pass over the maps (kernels.py)
     def update(self, scores, labels, maps, masks, class_index, image_keys: torch.Tensor | None = None,
                saliency: torch.Tensor | None = None) -> None:
         """``image_keys [N]`` int64: each pair's image (``resampling.image_key`` of its id), needed by

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torchmetrics.functional.classification import binary_calibration_error
 
+from xbench_pl.metrics import kernels
+
 #: Pixels within this fraction of a map's value range of its maximum count as maximal,
 #: and a map whose range is below this fraction of its magnitude counts as constant:
 #: bilinear resampling perturbs exact ties and constants by float rounding only.
@@ -68,6 +70,8 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     map scores the region's area fraction, i.e. chance. Pairs with an empty region get NaN.
     Invariant to any increasing rescaling of the map, so it is computed on the raw map.
     """
+    if kernels.applies(maps, masks):  # the same counts in one streaming pass (kernels.py)
+        return kernels.pointing_game(maps, masks)
     flat, region = maps.flatten(1), masks.flatten(1).bool()
     hi, lo, constant = _range(flat)
     maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
@@ -103,6 +107,8 @@ def dice_iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Te
     thresholds: each pixel's bin (how many thresholds it reaches) is histogrammed per map,
     and suffix sums give |B_t| and |B_t ∩ G|. Pairs with an empty region get NaN.
     """
+    if kernels.applies(maps, masks):  # the same histogram in one streaming pass (kernels.py)
+        return kernels.dice_iou_curve(maps, masks, thresholds)
     n, t = maps.shape[0], thresholds.numel()
     flat, region = maps.flatten(1).contiguous(), masks.flatten(1).bool()
     _raise_if_not_finite(flat.sum(1))
@@ -146,7 +152,10 @@ def energy_pointing(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """Energy pointing game per pair: the share of the map's mass inside the region,
     ``sum_G m+ / sum m+`` with ``m+ = max(m, 0)`` ``[N]`` (float64) in [0, 1]. Pass normalised maps
     (min-max maps are non-negative). A map without positive mass spreads it evenly: it scores
-    the region's area fraction, as the Pointing Game does for a constant map. NaN for an empty region."""
+    the region's area fraction, as the Pointing Game does for a constant map. NaN for an empty region.
+    With the kernels (``kernels.py``) both sums are exact: within a few ulp of this reference."""
+    if kernels.applies(maps, masks):
+        return kernels.energy_pointing(maps, masks)
     flat, region = maps.flatten(1).double(), masks.flatten(1).bool()
     _raise_if_not_finite(flat.sum(1))
     mass = flat.clamp_min(0)
@@ -167,9 +176,14 @@ def otsu_threshold(maps8: torch.Tensor) -> torch.Tensor:
     n = maps8.shape[0]
     flat = maps8.flatten(1).long()
     rows = torch.arange(n, device=flat.device)[:, None] * 256
-    hist = torch.bincount((flat + rows).flatten(), minlength=256 * n).view(n, 256).double()
-    p = hist / flat.shape[1]
-    level = torch.arange(256, dtype=torch.float64, device=flat.device)
+    return otsu_threshold_from_histogram(torch.bincount((flat + rows).flatten(), minlength=256 * n).view(n, 256), flat.shape[1])
+
+
+def otsu_threshold_from_histogram(hist: torch.Tensor, pixels: int) -> torch.Tensor:
+    """``otsu_threshold`` from each map's 256-bin histogram ``[N, 256]`` (int64) of ``pixels`` pixels."""
+    hist = hist.double()
+    p = hist / pixels
+    level = torch.arange(256, dtype=torch.float64, device=hist.device)
     q1 = p.cumsum(1)
     q2 = 1 - q1
     mu = (p * level).sum(1, keepdim=True)
@@ -186,6 +200,8 @@ def otsu_dice_iou(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor
     """Dice and IoU per pair ``[N]`` (float64) of the Otsu mask ``uint8(255 m) > otsu_threshold`` of
     normalised maps in [0, 1] (OpenCV's Otsu on CheXlocalize's 8-bit map, without its contour
     filling); an empty prediction scores 0; NaN for an empty region."""
+    if kernels.applies(maps, masks):  # the same histograms in one streaming pass (kernels.py)
+        return kernels.otsu_dice_iou(maps, masks)
     _raise_if_not_finite(maps.flatten(1).sum(1))
     maps8 = to_uint8(maps)
     predicted = (maps8 > otsu_threshold(maps8)[:, None, None]).flatten(1)
@@ -202,6 +218,8 @@ def pixel_auroc(maps: torch.Tensor, masks: torch.Tensor, chunk: int = 16) -> tor
     the chance that a random region pixel outscores a random pixel outside it, ties counted half
     (Quantus' ``AUC``; invariant to any increasing rescaling, so computed on raw maps). Twice the
     area times ``P * N`` is summed exactly in int64. NaN if the region is empty or the whole image."""
+    if kernels.applies(maps, masks):  # the same count from one radix sort per map (kernels.py)
+        return kernels.pixel_auroc(maps, masks)
     flat, region = maps.flatten(1), masks.flatten(1).bool()
     _raise_if_not_finite(flat.sum(1))
     out = []
@@ -240,11 +258,15 @@ def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor
     k = flat.shape[0]
     if k < 2:
         return torch.full((k,), float("nan"), dtype=torch.float64)
-    hi, lo, constant = _range(flat)
-    maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
-    # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
-    inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
-    hits = inside / maximal.sum(1, keepdim=True).double()
+    if kernels.applies(maps, masks):  # the same counts in one pass (kernels.py)
+        inside, maximal = kernels.maximal_overlap(maps, masks)
+        hits = inside.double() / maximal[:, None].double()
+    else:
+        hi, lo, constant = _range(flat)
+        maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
+        # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
+        inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
+        hits = inside / maximal.sum(1, keepdim=True).double()
     own = hits.diagonal()
     other = (hits.sum(1) - own) / (k - 1)
     return own - other

@@ -13,9 +13,13 @@ without computing them twice. Dense ``[B, C, H, W]`` inputs become pairs with
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 import torch
 from torchmetrics import Metric
 
+from xbench_pl.metrics import kernels
 from xbench_pl.metrics.functional import (
     area_fraction,
     best_threshold,
@@ -32,6 +36,52 @@ from xbench_pl.metrics.functional import (
 )
 
 FIXED_POINT_SCALE = 2**40  # resolution 1e-12 per pair; room for 2**23 pairs per class in int64
+
+_shared: dict = {}
+
+
+@contextlib.contextmanager
+def shared_pass():
+    """Inside the block, metrics updated with the very same ``maps`` and ``masks`` tensors share one fused
+    pass over them (``shared_counts``); ``BenchmarkMetrics.update`` wraps its updates in it. Do not modify
+    the maps in place inside the block."""
+    _shared["active"] = _shared.get("active", 0) + 1
+    try:
+        yield
+    finally:
+        _shared["active"] -= 1
+        if not _shared["active"]:
+            _shared.pop("last", None)
+
+
+def shared_counts(maps: torch.Tensor, masks: torch.Tensor, normalize: str | None = None,
+                  thresholds: torch.Tensor | None = None) -> dict | None:
+    """The fused pass (``kernels.grounding_counts``) over these tensors: inside ``shared_pass`` the last one is
+    kept and reused for the same tensor objects when ``normalize``/``thresholds`` agree (None: any). None
+    where the kernels do not apply (the metrics then run the torch reference)."""
+    if not kernels.applies(maps, masks):
+        return None
+    entry = _shared.get("last")
+    if (entry is not None and entry["maps"]() is maps and entry["masks"]() is masks
+            and normalize in (None, entry["normalize"])
+            and (thresholds is None or torch.equal(entry["thresholds"], thresholds.cpu()))):
+        return entry
+    normalize = normalize or "minmax"
+    thresholds = default_thresholds(dtype=torch.float64) if thresholds is None else thresholds.cpu()
+    entry = {"maps": weakref.ref(maps), "masks": weakref.ref(masks), "normalize": normalize, "thresholds": thresholds,
+             "counts": kernels.grounding_counts(maps, masks, thresholds, normalize)}
+    if _shared.get("active"):
+        _shared["last"] = entry
+    return entry
+
+
+def _auroc(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    entry = shared_counts(maps, masks)
+    if entry is None:
+        return pixel_auroc(maps, masks)
+    if "pixel_auroc" not in entry:
+        entry["pixel_auroc"] = kernels.pixel_auroc(maps, masks)
+    return entry["pixel_auroc"]
 
 
 def to_fixed(values: torch.Tensor) -> torch.Tensor:
@@ -63,6 +113,8 @@ class _PairMetric(Metric):
         cls = class_index[keep].long()
         # out-of-place updates: in-place ops on states double-count under some strategies
         self.pairs = self.pairs + torch.bincount(cls, minlength=self.num_classes)
+        if bool(keep.all()):  # no copy: the metrics of one update then share one fused pass (shared_counts)
+            return maps, masks.bool(), cls
         return maps[keep], masks[keep].bool(), cls
 
 
@@ -75,7 +127,8 @@ class PointingGame(_PairMetric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
-        hits = pointing_game(maps, masks)
+        shared = shared_counts(maps, masks)
+        hits = pointing_game(maps, masks) if shared is None else kernels.pointing_from_counts(shared["counts"])
         self.hits = self.hits.index_add(0, cls, to_fixed(hits))
         self.last = hits
 
@@ -111,7 +164,11 @@ class DiceIoU(_PairMetric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
-        dice, iou = dice_iou_curve(normalize_saliency(maps, self.normalize), masks, self.thresholds)
+        shared = shared_counts(maps, masks, self.normalize, self.thresholds)
+        if shared is None:
+            dice, iou = dice_iou_curve(normalize_saliency(maps, self.normalize), masks, self.thresholds)
+        else:  # normalised in the same pass, no normalised copy of the maps
+            dice, iou = kernels.curve_from_counts(shared["counts"])
         self.dice = self.dice.index_add(0, cls, to_fixed(dice))
         self.iou = self.iou.index_add(0, cls, to_fixed(iou))
         self.last = (dice, iou)
@@ -172,7 +229,10 @@ class EnergyPointing(_DefinedPairMetric):
         self.normalize = normalize
 
     def _values(self, maps, masks):
-        return energy_pointing(normalize_saliency(maps, self.normalize), masks)
+        shared = shared_counts(maps, masks, self.normalize)
+        if shared is None:
+            return energy_pointing(normalize_saliency(maps, self.normalize), masks)
+        return kernels.energy_from_counts(shared["counts"])
 
 
 class PointingLift(_DefinedPairMetric):
@@ -181,7 +241,10 @@ class PointingLift(_DefinedPairMetric):
     plot_lower_bound = -1.0
 
     def _values(self, maps, masks):
-        return pointing_lift(maps, masks)
+        shared = shared_counts(maps, masks)
+        if shared is None:
+            return pointing_lift(maps, masks)
+        return kernels.pointing_from_counts(shared["counts"]) - area_fraction(masks)
 
 
 class PixelAUROC(_DefinedPairMetric):
@@ -189,7 +252,7 @@ class PixelAUROC(_DefinedPairMetric):
     pairs whose region covers the whole image are undefined and not counted."""
 
     def _values(self, maps, masks):
-        return pixel_auroc(maps, masks)
+        return _auroc(maps, masks)
 
 
 class OtsuDiceIoU(_PairMetric):
@@ -205,7 +268,11 @@ class OtsuDiceIoU(_PairMetric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
-        dice, iou = otsu_dice_iou(normalize_saliency(maps, self.normalize), masks)
+        shared = shared_counts(maps, masks, self.normalize)
+        if shared is None:
+            dice, iou = otsu_dice_iou(normalize_saliency(maps, self.normalize), masks)
+        else:
+            dice, iou = kernels.otsu_from_counts(shared["counts"])
         self.dice = self.dice.index_add(0, cls, to_fixed(dice))
         self.iou = self.iou.index_add(0, cls, to_fixed(iou))
         self.last = (dice, iou)

@@ -1,0 +1,433 @@
+"""Fused per-pixel kernels for the grounding metrics: one streaming pass per map, no full-size temporaries.
+
+The plain torch functions in ``functional.py`` are the reference and the fallback; these kernels
+(numba, compiled on first use and cached on disk) give the same numbers and are used when numba is
+installed, the maps are float32 on the CPU and ``XBENCH_METRIC_KERNELS`` is not ``0``.
+
+One pass over a map's pixels, after a first pass for its range, yields every integer count the
+statistics need: the Pointing Game's maximal pixels (all, inside the region); per pixel of the
+normalised map, how many thresholds it reaches (``functional.thresholds_reached``) and its 8-bit
+level (``functional.to_uint8``), each histogrammed inside/outside the region; and the map's positive
+mass, inside and in all, as exact sums (below). Per-map scalars (range, tolerance, normalisation
+divisor) are computed by the same torch expressions as the reference, on ``[N, 1]`` tensors, and the
+per-pixel float32 arithmetic (``(m - lo) / span``, ``m * 255``) is the same IEEE operation, so every
+count equals the reference's and every statistic derived from the counts (Dice/IoU curves, Pointing
+Game, Otsu Dice/IoU) is bit-identical. Pixel AUROC sorts each map's order-preserving integer keys
+(LSD radix sort, the region flag in the lowest bit) and counts the Mann-Whitney sum in int64 exactly
+as the reference does: bit-identical.
+
+``energy_pg`` is the one statistic that is not an integer count: the reference divides two float64
+sums whose rounding depends on torch's reduction order, which changes with the batch's shape, the
+thread count and the CPU's vector width (a map summed alone and within a batch can differ in the last
+bit). The kernel sums the float32 masses exactly (a per-exponent integer accumulator) and returns the
+correctly rounded ratio of the exact sums: the same value on any machine and for any batching, within
+a few units in the last place of the reference's (tested to 1e-15 relative).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import torch
+
+try:  # optional at run time: without numba the torch reference path runs
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency, but the fallback must keep working
+    numba = None
+
+#: ``0`` turns the kernels off (the torch reference path everywhere).
+ENV = "XBENCH_METRIC_KERNELS"
+_FORCED_OFF = False
+
+RELATIVE_TOLERANCE = 1e-6  # functional.RELATIVE_TOLERANCE (kept equal by a test)
+_MODES = {"minmax": 0, "max": 1, "none": 2}
+
+
+def available() -> bool:
+    return numba is not None and not _FORCED_OFF and os.environ.get(ENV, "1") != "0"
+
+
+def applies(maps: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether the kernels take these tensors: numba present and on, float32 maps, everything on the CPU."""
+    return available() and maps.dtype == torch.float32 and maps.device.type == "cpu" and all(t.device.type == "cpu" for t in others)
+
+
+@contextlib.contextmanager
+def disabled():
+    """Run the torch reference path inside the block (tests, benchmarks)."""
+    global _FORCED_OFF
+    before, _FORCED_OFF = _FORCED_OFF, True
+    try:
+        yield
+    finally:
+        _FORCED_OFF = before
+
+
+# -- numba kernels -------------------------------------------------------------------------------
+if numba is not None:
+    _jit = numba.njit(cache=True, nogil=True)
+
+    @_jit
+    def _range_kernel(flat, hi, lo, bad):
+        n, p = flat.shape
+        for i in range(n):
+            top, bottom, broken = flat[i, 0], flat[i, 0], False
+            for j in range(p):
+                v = flat[i, j]
+                if v > top:
+                    top = v
+                if v < bottom:
+                    bottom = v
+                if not np.isfinite(v):
+                    broken = True
+            hi[i], lo[i], bad[i] = top, bottom, broken
+
+    COPIES = 4  # interleaved sub-histograms: neighbouring pixels (smooth maps) rarely wait on one counter
+
+    @_jit
+    def _fused_map(i, flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255,
+                   want, maximal, curve_hist, level_hist, mass):
+        p = flat.shape[1]
+        t = thresholds.shape[0]
+        curve = np.zeros((COPIES, 2, t + 1), dtype=np.int64)
+        level = np.zeros((COPIES, 2, 256), dtype=np.int64)
+        acc = np.zeros((COPIES, 2, 255), dtype=np.int64)
+        box = np.zeros(1, dtype=np.float32)
+        bits = box.view(np.uint32)
+        zero = np.float32(0.0)
+        want_max, want_level, want_mass = want & 1, want & 2, want & 4
+        floor, everything, lo, div, nothing = max_floor[i], all_maximal[i], shift[i], divisor[i], zero_map[i]
+        count_max, count_max_in = 0, 0
+        for j in range(p):
+            u = j & (COPIES - 1)
+            v = flat[i, j]
+            g = 1 if region[i, j] else 0
+            if want_max and (everything or v >= floor):
+                count_max += 1
+                count_max_in += g
+            m = zero if nothing else (v - lo) / div
+            # thresholds reached: #{k: thresholds[k] <= m}
+            if uniform:
+                guess = m * steps
+                if guess < 0:
+                    r = 0
+                elif guess >= t:
+                    r = t
+                else:
+                    r = int(guess) + 1
+                while r < t and thresholds[r] <= m:
+                    r += 1
+                while r > 0 and thresholds[r - 1] > m:
+                    r -= 1
+            else:  # binary search (inline: a library call here slows the whole loop)
+                r, top = 0, t
+                while r < top:
+                    middle = (r + top) >> 1
+                    if thresholds[middle] <= m:
+                        r = middle + 1
+                    else:
+                        top = middle
+            curve[u, g, r] += 1
+            if want_level:
+                q = m * c255
+                if q < 0:
+                    q = zero
+                if q > 255:
+                    q = c255
+                level[u, g, int(q)] += 1
+            if want_mass and m > 0:
+                box[0] = m
+                b = bits[0]
+                exponent = (b >> 23) & 0xFF
+                mantissa = b & 0x7FFFFF
+                if exponent > 0:
+                    mantissa |= 0x800000
+                else:
+                    exponent = 1
+                acc[u, g, exponent] += mantissa
+        maximal[i, 0], maximal[i, 1] = count_max, count_max_in
+        for u in range(COPIES):
+            curve_hist[i] += curve[u]
+            level_hist[i] += level[u]
+            mass[i] += acc[u]
+
+    @numba.njit(cache=True, nogil=True, parallel=True)
+    def _fused_kernel(flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255, want,
+                      maximal, curve_hist, level_hist, mass):
+        """Per map i: maximal[i] = (#maximal, #maximal inside); curve_hist[i, inside, reached];
+        level_hist[i, inside, uint8 level]; mass[i, inside, exponent] += mantissa of the positive normalised value."""
+        for i in numba.prange(flat.shape[0]):
+            _fused_map(i, flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255,
+                       want, maximal, curve_hist, level_hist, mass)
+
+    @_jit
+    def _auroc_maps(first, last, flat, region, twice, positives):
+        """Maps first..last-1: twice the Mann-Whitney count (ties half) and the region's pixel count, via an LSD
+        radix sort of 33-bit keys (order-preserving float32 bits, then the region flag)."""
+        p = flat.shape[1]
+        keys = np.empty(p, dtype=np.uint64)
+        other = np.empty(p, dtype=np.uint64)
+        counts = np.zeros((3, 2048), dtype=np.int64)
+        offsets = np.empty(2048, dtype=np.int64)
+        box = np.zeros(1, dtype=np.float32)
+        bits = box.view(np.uint32)
+        for i in range(first, last):
+            counts[:] = 0
+            pos = 0
+            for j in range(p):
+                v = flat[i, j]
+                box[0] = v if v != 0 else np.float32(0.0)  # -0 and +0 tie
+                b = np.uint64(bits[0])
+                key = (b ^ np.uint64(0xFFFFFFFF)) if b & np.uint64(0x80000000) else (b | np.uint64(0x80000000))
+                g = 1 if region[i, j] else 0
+                pos += g
+                key = (key << np.uint64(1)) | np.uint64(g)
+                keys[j] = key
+                counts[0, key & np.uint64(2047)] += 1
+                counts[1, (key >> np.uint64(11)) & np.uint64(2047)] += 1
+                counts[2, (key >> np.uint64(22)) & np.uint64(2047)] += 1
+            src, dst = keys, other
+            for d in range(3):
+                if counts[d].max() == p:  # one digit value: this pass would not move anything
+                    continue
+                start = 0
+                for k in range(2048):
+                    offsets[k] = start
+                    start += counts[d, k]
+                shift = np.uint64(11 * d)
+                for j in range(p):
+                    key = src[j]
+                    k = (key >> shift) & np.uint64(2047)
+                    dst[offsets[k]] = key
+                    offsets[k] += 1
+                src, dst = dst, src
+            total, below, j = 0, 0, 0
+            while j < p:
+                value = src[j] >> np.uint64(1)
+                group_pos, group_neg = 0, 0
+                while j < p and (src[j] >> np.uint64(1)) == value:
+                    if src[j] & np.uint64(1):
+                        group_pos += 1
+                    else:
+                        group_neg += 1
+                    j += 1
+                total += 2 * below * group_pos + group_pos * group_neg
+                below += group_neg
+            twice[i], positives[i] = total, pos
+
+    @numba.njit(cache=True, nogil=True, parallel=True)
+    def _auroc_kernel(flat, region, twice, positives, chunks):
+        n = flat.shape[0]
+        for c in numba.prange(chunks):  # one scratch buffer per chunk of maps
+            _auroc_maps(c * n // chunks, (c + 1) * n // chunks, flat, region, twice, positives)
+
+    @_jit
+    def _overlap_kernel(flat, region, max_floor, all_maximal, inside, maximal):
+        """inside[a, b]: maximal pixels of map a inside region b; maximal[a]: all maximal pixels of map a."""
+        k, p = flat.shape
+        for a in range(k):
+            for j in range(p):
+                if all_maximal[a] or flat[a, j] >= max_floor[a]:
+                    maximal[a] += 1
+                    for b in range(k):
+                        if region[b, j]:
+                            inside[a, b] += 1
+
+
+# -- torch-facing functions ----------------------------------------------------------------------
+def _raise_if_bad(bad: np.ndarray) -> None:
+    if bad.any():
+        where = np.flatnonzero(bad).tolist()
+        raise ValueError(f"saliency maps contain NaN or inf (maps at positions {where[:10]}{'...' if len(where) > 10 else ''})")
+
+
+def _flat(maps: torch.Tensor, masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    return maps.flatten(1).contiguous().numpy(), masks.flatten(1).bool().contiguous().numpy()
+
+
+def map_range(flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hi, lo`` ``[N, 1]`` float32 of each row (``amax``/``amin``); ValueError for NaN or inf."""
+    n = flat.shape[0]
+    hi, lo, bad = np.empty(n, np.float32), np.empty(n, np.float32), np.zeros(n, np.bool_)
+    if flat.shape[1]:
+        _range_kernel(flat, hi, lo, bad)
+    _raise_if_bad(bad)
+    return torch.from_numpy(hi)[:, None], torch.from_numpy(lo)[:, None]
+
+
+def _pointing_scalars(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``functional._range``'s ``constant`` and the Pointing Game's ``hi - tol * (hi - lo)``, by the same torch ops."""
+    span = hi - lo
+    constant = span <= RELATIVE_TOLERANCE * torch.maximum(hi.abs(), lo.abs()).clamp_min(torch.finfo(torch.float32).tiny)
+    return constant, hi - RELATIVE_TOLERANCE * (hi - lo)
+
+
+def _normalisation(hi, lo, constant, normalize: str):
+    """Per map ``shift, divisor, zero`` with ``normalize_saliency(m) = 0 if zero else (m - shift) / divisor``."""
+    if normalize == "minmax":
+        return lo, torch.where(constant, torch.ones_like(hi), hi - lo), constant
+    if normalize == "max":
+        positive = hi > 0
+        return torch.zeros_like(hi), torch.where(positive, hi, torch.ones_like(hi)), ~positive
+    if normalize == "none":
+        return torch.zeros_like(hi), torch.ones_like(hi), torch.zeros_like(constant)
+    raise ValueError(f"normalize mode must be one of {tuple(_MODES)}, got {normalize!r}")
+
+
+def _uniform(thresholds: torch.Tensor) -> bool:
+    from xbench_pl.metrics.functional import default_thresholds
+
+    t = thresholds.numel()
+    return t >= 2 and torch.equal(thresholds, default_thresholds(1 / (t - 1), thresholds.dtype))
+
+
+def _threads(n: int) -> int:
+    """numba threads for n maps: torch's thread count (a DDP rank's share), at most one per map."""
+    k = max(1, min(n, torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(k)
+    return k
+
+
+#: What ``grounding_counts`` fills (bit flags): maximal pixels, 8-bit levels, positive mass; the curve always.
+WANT_MAXIMAL, WANT_LEVELS, WANT_MASS = 1, 2, 4
+WANT_ALL = WANT_MAXIMAL | WANT_LEVELS | WANT_MASS
+
+
+def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor | None = None,
+                     normalize: str = "none", want: int = WANT_ALL) -> dict[str, torch.Tensor]:
+    """The fused pass over ``maps [N, H, W]`` float32 and ``masks [N, H, W]``: integer counts per map.
+
+    ``maximal [N, 2]`` (maximal pixels of the raw map: all, inside); ``curve [N, 2, T + 1]`` (pixels of the
+    ``normalize``d map by thresholds reached, outside/inside); ``levels [N, 2, 256]`` (its 8-bit levels,
+    outside/inside); ``mass [N, 2, 255]`` (its positive values' mantissas summed per float32 exponent,
+    outside/inside); ``region [N]`` (region pixels).
+    """
+    flat, region = _flat(maps, masks)
+    n, p = flat.shape
+    hi, lo = map_range(flat)
+    constant, max_floor = _pointing_scalars(hi, lo)
+    if thresholds is None:
+        from xbench_pl.metrics.functional import default_thresholds
+
+        thresholds = default_thresholds()
+    thresholds = thresholds.to("cpu", torch.float32).contiguous()
+    shift, divisor, zero = _normalisation(hi, lo, constant, normalize)
+    t = thresholds.numel()
+    maximal = np.zeros((n, 2), np.int64)
+    curve = np.zeros((n, 2, t + 1), np.int64)
+    levels = np.zeros((n, 2, 256), np.int64)
+    mass = np.zeros((n, 2, 255), np.int64)
+    if n and p:
+        _threads(n)
+        _fused_kernel(flat, region, max_floor[:, 0].numpy(), constant[:, 0].numpy(), shift[:, 0].contiguous().numpy(),
+                      divisor[:, 0].contiguous().numpy(), zero[:, 0].contiguous().numpy(), thresholds.numpy(), _uniform(thresholds),
+                      np.float32(t - 1), np.float32(255), want, maximal, curve, levels, mass)
+    curve, levels = torch.from_numpy(curve), torch.from_numpy(levels)
+    return {"maximal": torch.from_numpy(maximal), "curve": curve, "levels": levels, "mass": mass,
+            "region": curve[:, 1].sum(1), "pixels": p}
+
+
+# -- statistics from the counts: the reference's own arithmetic on them -------------------------------
+def pointing_from_counts(counts: dict) -> torch.Tensor:
+    maximal = counts["maximal"]
+    hits = maximal[:, 1].double() / maximal[:, 0].double()
+    return torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan")))
+
+
+def curve_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    hist = counts["curve"]
+    suffix = hist.flip(-1).cumsum(-1).flip(-1)[..., 1:].double()  # pixels with reached > k, i.e. in B_t[k]
+    inter = suffix[:, 1]
+    predicted = suffix[:, 0] + inter
+    truth = counts["region"][:, None].double()
+    dice = 2 * inter / (predicted + truth)
+    iou = inter / (predicted + truth - inter)
+    empty = truth == 0
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    return torch.where(empty, nan, dice), torch.where(empty, nan, iou)
+
+
+def otsu_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    from xbench_pl.metrics.functional import otsu_threshold_from_histogram
+
+    levels = counts["levels"]
+    threshold = otsu_threshold_from_histogram(levels.sum(1), counts["pixels"])
+    above = torch.arange(256)[None, :] > threshold[:, None]
+    inter = (levels[:, 1] * above).sum(1).double()
+    p, g = (levels.sum(1) * above).sum(1).double(), counts["region"].double()
+    dice, iou = 2 * inter / (p + g).clamp_min(1), inter / (p + g - inter).clamp_min(1)
+    nan = torch.full_like(dice, float("nan"))
+    return torch.where(g > 0, dice, nan), torch.where(g > 0, iou, nan)
+
+
+def _exact(accumulator: np.ndarray) -> int:
+    """The exact sum, in units of 2**-149, of mantissas accumulated per float32 exponent."""
+    return sum(int(c) << (e - 1) for e, c in enumerate(accumulator.tolist()) if c)
+
+
+def energy_from_counts(counts: dict) -> torch.Tensor:
+    mass, region, pixels = counts["mass"], counts["region"], counts["pixels"]
+    values = []
+    for i in range(mass.shape[0]):
+        inside = _exact(mass[i, 1])
+        total = inside + _exact(mass[i, 0])
+        values.append(inside / total if total > 0 else int(region[i]) / pixels)
+    value = torch.tensor(values, dtype=torch.float64)
+    return torch.where(region > 0, value, torch.full_like(value, float("nan")))
+
+
+# -- functional twins ------------------------------------------------------------------------------
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    return pointing_from_counts(grounding_counts(maps, masks, want=WANT_MAXIMAL))
+
+
+def dice_iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor, normalize: str = "none"):
+    return curve_from_counts(grounding_counts(maps, masks, thresholds, normalize, want=0))
+
+
+def energy_pointing(maps: torch.Tensor, masks: torch.Tensor, normalize: str = "none") -> torch.Tensor:
+    return energy_from_counts(grounding_counts(maps, masks, None, normalize, want=WANT_MASS))
+
+
+def otsu_dice_iou(maps: torch.Tensor, masks: torch.Tensor, normalize: str = "none"):
+    return otsu_from_counts(grounding_counts(maps, masks, None, normalize, want=WANT_LEVELS))
+
+
+def pixel_auroc(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    flat, region = _flat(maps, masks)
+    n, p = flat.shape
+    map_range(flat)  # NaN/inf check, as the reference
+    twice, positives = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if n and p:
+        _auroc_kernel(flat, region, twice, positives, _threads(n))
+    twice, pos = torch.from_numpy(twice), torch.from_numpy(positives)
+    neg = p - pos
+    defined = (pos > 0) & (neg > 0)
+    auc = twice.double() / (2 * pos * neg).clamp_min(1).double()
+    return torch.where(defined, auc, torch.full_like(auc, float("nan")))
+
+
+def maximal_overlap(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For K maps and K regions of one image: ``inside [K, K]`` (maximal pixels of map a in region b) and
+    ``maximal [K]``, both int64."""
+    flat, region = _flat(maps, masks)
+    k = flat.shape[0]
+    hi, lo = map_range(flat)
+    constant, max_floor = _pointing_scalars(hi, lo)
+    inside, maximal = np.zeros((k, k), np.int64), np.zeros(k, np.int64)
+    if k and flat.shape[1]:
+        _overlap_kernel(flat, region, max_floor[:, 0].numpy(), constant[:, 0].numpy(), inside, maximal)
+    return torch.from_numpy(inside), torch.from_numpy(maximal)
+
+
+def grounding_statistics(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor, normalize: str) -> dict[str, torch.Tensor]:
+    """Every per-pair statistic of ``BenchmarkMetrics`` but specificity, from one fused pass (and the AUROC sort):
+    ``pointing_game, dice, iou`` (curves of the ``normalize``d map), ``energy_pg, dice_otsu, iou_otsu`` (of the
+    ``normalize``d map), ``pixel_auroc`` (raw map)."""
+    counts = grounding_counts(maps, masks, thresholds, normalize)
+    dice, iou = curve_from_counts(counts)
+    dice_otsu, iou_otsu = otsu_from_counts(counts)
+    return {"pointing_game": pointing_from_counts(counts), "dice": dice, "iou": iou, "energy_pg": energy_from_counts(counts),
+            "dice_otsu": dice_otsu, "iou_otsu": iou_otsu, "pixel_auroc": pixel_auroc(maps, masks)}
