@@ -1,0 +1,50 @@
+"""Multi-node through Lightning: 2 "nodes" x 1 process on localhost (Lightning's cluster environment
+variables, as a job script sets them) give the metrics.json of one process. CLI subprocesses only."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from xbench_pl.data.nih_bbox import DemoDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, **env):
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **env}
+    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_nodes_one_process_each_equal_one_process(tmp_path):
+    ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
+    split = tmp_path / "split.csv"
+    split.write_text("image_id\n" + "\n".join(ids) + "\n")
+    common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
+              "--data.batch_size", "3", "--trainer.accelerator", "cpu", "--model.bootstrap", "50"]
+    one = launch([*common, "--out", str(tmp_path / "one")])
+    out, err = one.communicate(timeout=300)
+    assert one.returncode == 0, err[-3000:]
+    port = str(free_port())
+    nodes = [launch([*common, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.strategy", "ddp",
+                     "--out", str(tmp_path / f"node{rank}")],
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
+             for rank in (0, 1)]
+    for rank, node in enumerate(nodes):
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
+    assert not (tmp_path / "node1" / "metrics.json").exists()  # global rank 0 (node 0) writes the report
+    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "node0"))
+    assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
+    assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
+    assert a["datasets"]["demo"]["mean"]["n_pos"] + a["datasets"]["demo"]["mean"]["n_neg"] == 11 * 8
