@@ -238,6 +238,7 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
         raise StoreError(f"{shard.get('path', 'a shard')}: classes {list(shard['classes'])} differ from the dataset's "
                          f"{list(dataset.classes)}")
     position = {record.image_id: i for i, record in enumerate(dataset.records)}
+    replayer.region_datasets[dataset.name] = dataset  # full-resolution regions, for cxl mode
     skip = skip or set()
     rows = [row for row, image_id in enumerate(shard["image_ids"]) if image_id in position and image_id not in skip]
     size = int(shard["input_size"])

@@ -14,6 +14,8 @@ config; ``--data.ARG V`` overrides one setting (``--data.root`` where the data m
 settings (default: the run's). Every evaluated image must be in the store, and every shard must
 read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
 the run with ``test ... --predictions DIR --resume``).
+
+``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``score_maps.py``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: in
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--maps" or a.startswith("--maps=") for a in argv):  # maps made elsewhere: score_maps.py
+        from xbench_pl.score_maps import main as score_maps
+
+        return score_maps(argv)
     folder, rest = take_option(argv, "--predictions")
     if folder is None:
         if any(a in ("-h", "--help") for a in rest):

@@ -71,6 +71,33 @@ class Mask:
 Region = Box | Polygon | Mask
 
 
+def rasterize_original(regions: list, height: int, width: int) -> np.ndarray:
+    """Union of all instances of one finding at the original resolution, ``[H, W]`` bool (the
+    CheXlocalize-comparable metrics judge there): a box by the pixel centres inside it, a polygon
+    filled as PIL does, a mask as decoded (``decode()``, or ``decode(height, width)`` for masks whose
+    runs need the image size)."""
+    import inspect
+
+    out = np.zeros((height, width), dtype=bool)
+    for region in regions:
+        if isinstance(region, Box):
+            xs, ys = np.arange(width) + 0.5, np.arange(height) + 0.5
+            mask = ((ys >= region.y0) & (ys < region.y1))[:, None] & ((xs >= region.x0) & (xs < region.x1))[None, :]
+        elif isinstance(region, Polygon):
+            canvas = Image.new("1", (width, height))
+            ImageDraw.Draw(canvas).polygon([tuple(p) for p in region.points], outline=1, fill=1)
+            mask = np.asarray(canvas, dtype=bool)
+        elif isinstance(region, Mask):
+            mask = region.array
+        else:
+            decode = region.decode
+            mask = decode(height, width) if len(inspect.signature(decode).parameters) == 2 else decode()
+        if mask.shape != (height, width):
+            raise ValueError(f"mask shape {mask.shape} != image size {(height, width)}")
+        out |= mask.astype(bool)
+    return out
+
+
 def rasterize_union(regions: list[Region], height: int, width: int, eval_size: int) -> np.ndarray:
     """Union of all instances of one finding on the eval grid, ``[E, E]`` bool."""
     out = np.zeros((eval_size, eval_size), dtype=bool)

@@ -13,6 +13,8 @@ one, and the table's ``tuning`` says so), ``dice_otsu, iou_otsu``, ``energy_pg``
 ``map_similarity``, ``pg_lift``, ``dice_auc``, ``pixel_auroc`` (definitions in ``functional.py`` and the
 README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals, ``resampling.py``;
 None when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
+With ``cxl=True`` every row also has ``cxl_hit_rate, cxl_miou, cxl_miou_all``: CheXlocalize's hit rate and
+mIoU at each image's full resolution (``chexlocalize.py``), fed by ``update_cxl``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 import torch
 from torch import nn
 
+from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
 from xbench_pl.metrics.functional import area_fraction, dice_auc, size_stratum
 from xbench_pl.metrics.grounding import (
     FIXED_POINT_SCALE,
@@ -97,14 +100,16 @@ class BenchmarkMetrics(nn.Module):
 
     def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
-                 tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None):
+                 tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
         self.recognition = Recognition(c, threshold=score_threshold)
         self.pointing = PointingGame(c)
         self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
-        self.keys = metric_keys(fixed_threshold)
+        self.keys = metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ())
+        # CheXlocalize-comparable mode (``chexlocalize.py``): fed by ``update_cxl`` at full resolution
+        self.cxl = CheXlocalizeMode(c) if cxl else None
         self.curves: dict = {}
         if bootstrap < 0:
             raise ValueError(f"bootstrap must be >= 0 resamples (0 = off), got {bootstrap}")
@@ -152,6 +157,13 @@ class BenchmarkMetrics(nn.Module):
         if saliency is not None:
             self.similarity.update(saliency)
 
+    def update_cxl(self, pairs) -> None:
+        """Feed the CheXlocalize-comparable metrics: ``(full_map, region, class)`` per (image, finding),
+        every finding of every counted image (``chexlocalize.full_resolution_pairs``)."""
+        if self.cxl is None:
+            raise ValueError("update_cxl: this BenchmarkMetrics was built without cxl=True")
+        self.cxl.update(pairs)
+
     def compute(self) -> dict:
         rec, grounding = self.recognition.compute(), self.dice_iou.compute()
         columns = {
@@ -172,6 +184,8 @@ class BenchmarkMetrics(nn.Module):
                         for i, name in enumerate(self.classes)},
         }
         columns.update(self._extra_columns(grounding))
+        if self.cxl is not None:
+            columns.update(self.cxl.compute())
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
         # torchmetrics squeezes one-element results; a one-class dataset still needs [C]
         columns = {k: v.reshape(len(self.classes)) for k, v in columns.items()}
