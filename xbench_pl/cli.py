@@ -30,15 +30,16 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from xbench_pl.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.registry import UnknownName, config_path
 from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
 
-PROG = "python -m xbench_pl"
 DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
-#: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily (no import cycle)
+#: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily; they share
+#: argv helpers with this module through ``xbench_pl.arguments``, never by importing it
 COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score"}
 #: one line per command for ``--help``
 SUMMARIES = {
@@ -82,10 +83,6 @@ def resolve_names(argv: list[str]) -> list[str]:
 def report_config(settings: dict) -> dict:
     """The config ``metrics.json`` records (and a prediction store's manifest): model, data, precision."""
     return {"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")}
-
-
-def datamodule_problems(datamodule) -> dict[str, list]:
-    return {dm.name: list(dm.problems) for dm in datamodule.datamodules}
 
 
 class XBenchCLI(LightningCLI):
@@ -165,16 +162,6 @@ class XBenchCLI(LightningCLI):
             print(f"\nNOTE: {report['model']} has RANDOM weights (random_init, no checkpoint): these numbers only "
                   "smoke-test the set-up; the report says so (random_weights: true)")
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
-
-
-def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
-    """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2 :]
-        if arg.startswith(flag + "="):
-            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
-    return None, argv
 
 
 def usage() -> str:

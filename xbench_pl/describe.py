@@ -23,7 +23,7 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.io import DataError, Problem
-from xbench_pl.cli import take_option
+from xbench_pl.arguments import take_option
 from xbench_pl.registry import available, read_config
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from jsonargparse import ArgumentParser
 
-from xbench_pl.cli import PROG, datamodule_problems, take_option
+from xbench_pl.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.io import DataError
 from xbench_pl.predictions import Replayer, Store, StoreError, replay

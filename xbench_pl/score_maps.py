@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from xbench_pl.cli import PROG, datamodule_problems, take_option
+from xbench_pl.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.io import DataError, Problem, read_image_size
 from xbench_pl.data.vocabulary import canonical
