@@ -39,7 +39,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from reference_common import (LETTER_PIECES, LOWER, PUNCTUATION_DIGITS, bert_specials, fill, grey_fields, seeded_tensors,
+                              write_json, write_vocab)
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -164,26 +166,14 @@ def manifest() -> dict:
 
 
 def _fill(key: str, shape: list[int], dtype: str, g: torch.Generator) -> torch.Tensor:
-    """One tensor of the manifest; the rule depends only on the key's name and shape."""
-    if dtype == "int64":
-        if key.endswith("position_ids"):
-            return torch.arange(shape[-1], dtype=torch.int64).expand(shape).clone()
-        raise ValueError(f"no fill rule for int64 key {key!r}")
-    if dtype != "float32":
-        raise ValueError(f"no fill rule for {dtype} key {key!r}")
-    leaf = key.rsplit(".", 1)[-1]
-    if leaf == "logit_scale":
-        return math.log(1 / 0.07) + 0.1 * torch.randn(shape, generator=g)
-    if leaf in ("cls_token", "pos_embed"):
+    """One tensor of the manifest: ``reference_common.fill``, the ViT's class and position tokens
+    drawn wider, query/key projections widened (packed ``[q; k; v]``: q and k rows only)."""
+    if dtype == "float32" and key.rsplit(".", 1)[-1] in ("cls_token", "pos_embed"):
         return TOKEN_STD * torch.randn(shape, generator=g)
-    if len(shape) == 1:  # LayerNorm weights; biases of Linear/Conv/LayerNorm (incl. in_proj_bias)
-        noise = 0.1 * torch.randn(shape, generator=g)
-        return 1 + noise if leaf == "weight" else noise
-    fan_in = math.prod(shape[1:])
-    w = torch.randn(shape, generator=g) * fan_in ** -0.5
-    if key.endswith(("attention.self.query.weight", "attention.self.key.weight")):
+    w = fill(key, shape, dtype, g)
+    if len(shape) > 1 and key.endswith(("attention.self.query.weight", "attention.self.key.weight")):
         w = w * ATTENTION_GAIN
-    elif key.endswith(("attn.qkv.weight", "in_proj_weight")):  # packed [q; k; v]: widen q and k only
+    elif len(shape) > 1 and key.endswith(("attn.qkv.weight", "in_proj_weight")):
         d = shape[0] // 3
         w[: 2 * d] *= ATTENTION_GAIN
     return w
@@ -196,10 +186,7 @@ def state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
     key (``fusion_module.decoder.norm.*``) holds the very tensor of its source (``decoder_norm.*``).
     """
     spec = manifest()
-    keys, aliases = spec["keys"], spec["aliases"]
-    g = torch.Generator().manual_seed(seed)
-    made = {k: _fill(k, *keys[k], g) for k in sorted(keys) if k not in aliases}
-    return {k: made[aliases.get(k, k)] for k in keys}
+    return seeded_tensors(spec["keys"], spec["aliases"], _fill, torch.Generator().manual_seed(seed))
 
 
 def official_checkpoint(seed: int = 0) -> dict:
@@ -378,12 +365,10 @@ def hyper_parameters_pickle(classes: dict | None = None) -> bytes:
 def vocabulary() -> list[str]:
     """BERT-cased-like WordPiece vocabulary: ``[PAD]``=0, ``[unusedN]``, ``[UNK]``=100, ``[CLS]``=101,
     ``[SEP]``=102, ``[MASK]``=103, then punctuation, digits, letters, words, prefixes, ## pieces."""
-    specials = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    chars = list("!\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`{|}~") + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    chars = PUNCTUATION_DIGITS + LOWER
     words = sorted(set(_WORDS.split()) | set(_PREFIXES.split()))
-    letters = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
-    pieces = letters + sorted({f"##{p}" for p in _PIECES.split()} - set(letters))
-    vocab = specials + chars + [w for w in words if w not in chars] + pieces
+    pieces = LETTER_PIECES + sorted({f"##{p}" for p in _PIECES.split()} - set(LETTER_PIECES))
+    vocab = bert_specials(range(1, 100)) + chars + [w for w in words if w not in chars] + pieces
     assert len(vocab) == len(set(vocab)) and len(vocab) < BERT_CONFIG["vocab_size"]
     return vocab
 
@@ -394,21 +379,13 @@ def write_text_encoder_folder(folder: str | Path, seed: int = 0) -> Path:
     as in the hub repo: AutoTokenizer then gives a BertTokenizer(Fast) with its defaults
     (do_lower_case=True). ``seed`` is unused (the vocabulary is fixed); kept for symmetry."""
     del seed
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(vocabulary()) + "\n")
-    (folder / "config.json").write_text(json.dumps(BERT_CONFIG, indent=2) + "\n")
+    folder = write_vocab(folder, vocabulary())
+    write_json(folder / "config.json", BERT_CONFIG, indent=2)
     return folder
 
 
 def reference_images(seed: int = 0, batch: int = 2) -> torch.Tensor:
     """``[batch, 3, 224, 224]`` inputs normalised as trained, ``(x - 0.4978) / 0.2449`` on all three
     channels: smooth grey fields in [0, 1] (two scales of up-sampled noise through a sigmoid)."""
-    g = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(batch, 1, 6, 6, generator=g)
-    fine = torch.randn(batch, 1, 28, 28, generator=g)
-    size = (IMAGE_SIZE, IMAGE_SIZE)
-    field = (F.interpolate(coarse, size=size, mode="bilinear", align_corners=False)
-             + 0.5 * F.interpolate(fine, size=size, mode="bilinear", align_corners=False))
-    grey = torch.sigmoid(1.5 * field).expand(batch, 3, *size)
+    grey = grey_fields(IMAGE_SIZE, torch.Generator().manual_seed(seed), batch, fine=28)
     return ((grey - MEAN) / STD).contiguous()

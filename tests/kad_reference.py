@@ -13,12 +13,13 @@ The layout (keys, shapes, dtypes, aliases) is read from ``tests/data/kad_{224,51
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from reference_common import (LETTER_PIECES, LOWER, PUNCTUATION_DIGITS, SPECIAL_TOKENS, bert_specials, fan_in_std, fill,
+                              grey_fields, imagenet_normalise, seeded_tensors, write_json, write_vocab)
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -29,10 +30,7 @@ CXR14_TEXTS = (
 )
 IMAGE_SIZE = {"kad_224": 224, "kad_512": 512, "kad_1024": 1024}
 MANIFEST = {"kad_224": "kad_224", "kad_512": "kad_512", "kad_1024": "kad_512"}  # 1024 has the 512 layout
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 SUBDICTS = ("image_encoder", "model", "text_encoder")  # generation order (sorted)
-NUM_BATCHES_TRACKED = 100_000
 MAX_LENGTH = 256  # the authors' --max_length
 # Query/key projections (the decoder's packed ``in_proj_weight``, BERT's ``attention.self.{query,key}``)
 # are drawn 3x wider than 1/sqrt(fan_in) so the attention softmaxes are peaked, not near-uniform:
@@ -73,28 +71,10 @@ def _arch(architecture: str) -> str:
 
 
 def _fill(key: str, shape: list[int], dtype: str, g: torch.Generator) -> torch.Tensor:
-    """One tensor of the manifest; the rule depends only on the key's name and shape."""
-    if dtype == "int64":
-        if key.endswith("num_batches_tracked"):
-            return torch.tensor(NUM_BATCHES_TRACKED, dtype=torch.int64)
-        if key.endswith("position_ids"):
-            return torch.arange(shape[-1], dtype=torch.int64).expand(shape).clone()
-        raise ValueError(f"no fill rule for int64 key {key!r}")
-    if dtype != "float32":
-        raise ValueError(f"no fill rule for {dtype} key {key!r}")
-    leaf = key.rsplit(".", 1)[-1]
-    if leaf == "logit_scale":
-        return math.log(1 / 0.07) + 0.1 * torch.randn(shape, generator=g)
-    if leaf == "running_var":
-        return 0.5 + torch.rand(shape, generator=g)
-    if leaf == "running_mean":
-        return 0.1 * torch.randn(shape, generator=g)
-    if len(shape) == 1:  # LayerNorm / BatchNorm weights, biases (incl. in_proj_bias)
-        noise = 0.1 * torch.randn(shape, generator=g)
-        return 1 + noise if leaf == "weight" else noise
-    fan_in = math.prod(shape[1:])
-    gain = ATTENTION_GAIN if key.endswith(_ATTENTION_KEYS) else 1.0
-    return torch.randn(shape, generator=g) * (gain * fan_in ** -0.5)
+    """One tensor of the manifest: ``reference_common.fill``, query/key projections widened."""
+    if dtype == "float32" and len(shape) > 1 and key.endswith(_ATTENTION_KEYS):
+        return torch.randn(shape, generator=g) * (ATTENTION_GAIN * fan_in_std(shape))
+    return fill(key, shape, dtype, g)
 
 
 def state_dicts(architecture: str, seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
@@ -107,9 +87,7 @@ def state_dicts(architecture: str, seed: int = 0) -> dict[str, dict[str, torch.T
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name in SUBDICTS:
-        keys, aliases = spec["keys"][name], spec["aliases"][name]
-        made = {k: _fill(k, *keys[k], g) for k in sorted(keys) if k not in aliases}
-        out[name] = {k: made[aliases.get(k, k)] for k in keys}
+        out[name] = seeded_tensors(spec["keys"][name], spec["aliases"][name], _fill, g)
     return {name: out[name] for name in ("model", "image_encoder", "text_encoder")}
 
 
@@ -149,39 +127,26 @@ def official_checkpoint(architecture: str, seed: int = 0) -> dict:
 def vocabulary() -> list[str]:
     """BERT-uncased-like WordPiece vocabulary: ``[PAD]``=0, ``[unusedN]``, ``[UNK]``=100,
     ``[CLS]``=101, ``[SEP]``=102, ``[MASK]``=103, then punctuation, digits, letters, words, ## pieces."""
-    specials = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    chars = list("!\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`{|}~") + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    chars = PUNCTUATION_DIGITS + LOWER
     words = sorted(set(_WORDS.split()) | {w for t in CXR14_TEXTS for w in t.split()})
-    pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"] + [f"##{p}" for p in _PIECES]
-    vocab = specials + chars + [w for w in words if w not in chars] + pieces
+    pieces = LETTER_PIECES + [f"##{p}" for p in _PIECES]
+    vocab = bert_specials() + chars + [w for w in words if w not in chars] + pieces
     assert len(vocab) == len(set(vocab)) and len(vocab) < 30522
     return vocab
 
 
 def write_tokenizer(folder: str | Path) -> Path:
     """Write ``vocab.txt``, ``tokenizer_config.json`` and ``special_tokens_map.json`` into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(vocabulary()) + "\n")
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                "mask_token": "[MASK]"}
+    folder = write_vocab(folder, vocabulary())
     config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "do_basic_tokenize": True,
               "never_split": None, "strip_accents": None, "tokenize_chinese_chars": True,
-              "model_max_length": 512, **specials}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=1) + "\n")
+              "model_max_length": 512, **SPECIAL_TOKENS}
+    write_json(folder / "tokenizer_config.json", config)
+    write_json(folder / "special_tokens_map.json", SPECIAL_TOKENS)
     return folder
 
 
 def reference_images(size: int, seed: int = 0, batch: int = 2) -> torch.Tensor:
     """``[batch, 3, size, size]`` ImageNet-normalised inputs: smooth grey fields (two scales of
     up-sampled noise through a sigmoid, a chest-X-ray-like grey image in [0, 1]) repeated on RGB."""
-    g = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(batch, 1, 6, 6, generator=g)
-    fine = torch.randn(batch, 1, 24, 24, generator=g)
-    field = (F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
-             + 0.5 * F.interpolate(fine, size=(size, size), mode="bilinear", align_corners=False))
-    grey = torch.sigmoid(1.5 * field).expand(batch, 3, size, size)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return ((grey - mean) / std).contiguous()
+    return imagenet_normalise(grey_fields(size, torch.Generator().manual_seed(seed), batch))

@@ -29,7 +29,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from reference_common import (LETTER_PIECES, LOWER, PUNCTUATION_DIGITS, SPECIAL_TOKENS, bert_specials, fill, grey_fields,
+                              imagenet_normalise, seeded_tensors, write_json, write_vocab)
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -62,9 +64,6 @@ N_CONCEPTS = 9
 MAX_LENGTH = 64
 IMAGE_SIZE = 224
 GRID = 14
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-NUM_BATCHES_TRACKED = 100_000
 
 
 @lru_cache(maxsize=None)
@@ -81,37 +80,19 @@ def _model(model: str) -> str:
 
 
 def _fill(key: str, shape: list[int], dtype: str, g: torch.Generator) -> torch.Tensor:
-    """One tensor of the manifest; the rule depends only on the key's name and shape."""
-    if dtype == "int64":
-        if key.endswith("num_batches_tracked"):
-            return torch.tensor(NUM_BATCHES_TRACKED, dtype=torch.int64)
-        raise ValueError(f"no fill rule for int64 key {key!r}")
-    if dtype != "float32":
-        raise ValueError(f"no fill rule for {dtype} key {key!r}")
-    leaf = key.rsplit(".", 1)[-1]
-    if key.endswith("temp"):  # MAVL's learned temperatures, initialised at log(1/0.07)
+    """One tensor of the manifest: MAVL's temperatures and PReLU slope, else ``reference_common.fill``."""
+    if dtype == "float32" and key.endswith("temp"):  # MAVL's learned temperatures, initialised at log(1/0.07)
         return math.log(1 / 0.07) + 0.1 * torch.randn(shape, generator=g)
-    if key.endswith("res_l1.1.weight"):  # MAVL's PReLU slope (torch's default 0.25): keep it non-linear
+    if dtype == "float32" and key.endswith("res_l1.1.weight"):  # MAVL's PReLU slope (torch's 0.25): keep it non-linear
         return 0.25 + 0.1 * torch.randn(shape, generator=g)
-    if leaf == "running_var":
-        return 0.5 + torch.rand(shape, generator=g)
-    if leaf == "running_mean":
-        return 0.1 * torch.randn(shape, generator=g)
-    if len(shape) == 1:  # LayerNorm / BatchNorm weights, biases
-        noise = 0.1 * torch.randn(shape, generator=g)
-        return 1 + noise if leaf == "weight" else noise
-    fan_in = math.prod(shape[1:])
-    return torch.randn(shape, generator=g) * fan_in ** -0.5
+    return fill(key, shape, dtype, g)
 
 
 def state_dict(model: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """The ``model`` entry of the released checkpoint (``module.`` keys, manifest order).
 
     Every tensor is drawn from one ``torch.Generator(seed)``, keys in sorted order."""
-    keys = manifest(model)["keys"]
-    g = torch.Generator().manual_seed(seed)
-    made = {k: _fill(k, *keys[k], g) for k in sorted(keys)}
-    return {k: made[k] for k in keys}
+    return seeded_tensors(manifest(model)["keys"], {}, _fill, torch.Generator().manual_seed(seed))
 
 
 def official_checkpoint(model: str, seed: int = 0) -> dict:
@@ -169,16 +150,7 @@ def query_book(model: str, seed: int = 0) -> torch.Tensor:
 def reference_images(seed: int = 0, batch: int = 2) -> torch.Tensor:
     """``[batch, 3, 224, 224]`` ImageNet-normalised inputs: smooth grey fields (two scales of
     up-sampled noise through a sigmoid, a chest-X-ray-like grey image in [0, 1]) repeated on RGB."""
-    g = torch.Generator().manual_seed(20_000 + seed)
-    coarse = torch.randn(batch, 1, 6, 6, generator=g)
-    fine = torch.randn(batch, 1, 24, 24, generator=g)
-    size = (IMAGE_SIZE, IMAGE_SIZE)
-    field = (F.interpolate(coarse, size=size, mode="bilinear", align_corners=False)
-             + 0.5 * F.interpolate(fine, size=size, mode="bilinear", align_corners=False))
-    grey = torch.sigmoid(1.5 * field).expand(batch, 3, *size)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return ((grey - mean) / std).contiguous()
+    return imagenet_normalise(grey_fields(IMAGE_SIZE, torch.Generator().manual_seed(20_000 + seed), batch))
 
 
 # --- synthetic knowledge files (made-up text in the authors' JSON shapes) -------------------------
@@ -236,7 +208,7 @@ def write_knowledge(folder: str | Path) -> dict[str, Path]:
         "mavl_aspects": folder / "mavl" / "gpt4_mimic.json",
     }
     for key, data in (("medklip_descriptions", medklip), ("mavl_descriptions", mavl), ("mavl_aspects", concepts)):
-        paths[key].write_text(json.dumps(data, indent=4) + "\n")
+        write_json(paths[key], data, indent=4)
     return paths
 
 
@@ -267,15 +239,13 @@ def vocabulary() -> list[str]:
     """A cased-looking WordPiece vocabulary laid out like Bio_ClinicalBERT's (``[PAD]``=0,
     ``[unusedN]``, ``[UNK]``=100, ``[CLS]``=101, ``[SEP]``=102, ``[MASK]``=103), then punctuation,
     digits, letters, words of the synthetic texts, a few capitalised words and ## pieces."""
-    specials = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    chars = (list("!\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`{|}~") + [chr(c) for c in range(ord("a"), ord("z") + 1)]
-             + [chr(c) for c in range(ord("A"), ord("Z") + 1)])
+    chars = PUNCTUATION_DIGITS + LOWER + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
     words = set(_FILLER) | set(_TEXT_WORDS) | set(ASPECTS) | {"others", "is", "covid19"}
     for e in ENTITIES:
         words.update(e.replace("_", " ").split())
     words = sorted(w for w in words if w not in chars and not any(ch.isdigit() for ch in w)) + ["covid", "19"]
-    pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"] + [f"##{p}" for p in ("es", "ing", "ed")]
-    vocab = specials + chars + [w for w in words if w not in chars] + list(_CASED) + pieces
+    pieces = LETTER_PIECES + [f"##{p}" for p in ("es", "ing", "ed")]
+    vocab = bert_specials() + chars + [w for w in words if w not in chars] + list(_CASED) + pieces
     assert len(vocab) == len(set(vocab))
     return vocab
 
@@ -312,9 +282,8 @@ def write_bert_folder(folder: str | Path, seed: int = 0, tokenizer_config: bool 
     its folder has no tokenizer_config.json and BertTokenizer lower-cases by default)."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
+    folder = write_vocab(folder, vocab)
     config = {**BERT_CONFIG, "vocab_size": len(vocab)}
     g = torch.Generator().manual_seed(30_000 + seed)
     tensors = {}
@@ -326,13 +295,10 @@ def write_bert_folder(folder: str | Path, seed: int = 0, tokenizer_config: bool 
         else:
             tensors[key] = _fill(key, shape, "float32", g)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    write_json(folder / "config.json", config)
     if tokenizer_config:
-        specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                    "mask_token": "[MASK]"}
-        tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512, **specials}
-        (folder / "tokenizer_config.json").write_text(json.dumps(tok, indent=1) + "\n")
+        tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512, **SPECIAL_TOKENS}
+        write_json(folder / "tokenizer_config.json", tok)
     return folder
 
 

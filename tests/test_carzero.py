@@ -298,7 +298,7 @@ def test_wrong_files(tiny, tiny_config, tiny_checkpoint, tokenizer_dir, tmp_path
     # no checkpoint, a missing file, a download
     with pytest.raises(ValueError, match=r"needs checkpoint=.*CARZero_best_model\.ckpt"):
         CARZero(tiny_config, tokenizer=tokenizer_dir)
-    with pytest.raises(FileNotFoundError, match=r"checkpoint not found: .*nowhere\.ckpt"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint file not found: .*nowhere\.ckpt"):
         CARZero(tiny_config, checkpoint=str(tmp_path / "nowhere.ckpt"), tokenizer=tokenizer_dir)
     with pytest.raises(ValueError, match="would download"):
         CARZero(tiny_config, checkpoint="https://example.org/CARZero_best_model.ckpt", tokenizer=tokenizer_dir)
@@ -311,7 +311,7 @@ def test_tokenizer_folder_is_required_and_named(tiny_config, tmp_path):
         CARZero(tiny_config, random_init=True, tokenizer=str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match=r"has no vocab\.txt \(holds \['config\.json'\]\).*Laihaoran/BioClinicalMPBERT"):
+    with pytest.raises(FileNotFoundError, match=r"lacks \[.vocab\.txt or tokenizer\.json.\] \(holds \['config\.json'\]\).*Laihaoran/BioClinicalMPBERT"):
         CARZero(tiny_config, random_init=True, tokenizer=str(tmp_path / "empty"))
 
 

@@ -19,7 +19,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import kad_reference
 import xbench_pl
-from test_kad import TINY_BERT, released_layout, tiny_architecture, write_json
+from test_kad import TINY_BERT, released_layout, tiny_architecture, tokenizer_dir, write_json  # noqa: F401  (fixture)
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from xbench_pl.models import devide
 from xbench_pl.models.checkpoints import CheckpointError
@@ -42,11 +42,6 @@ IN21K_KEYS = {"embeddings.cls_token", "embeddings.position_embeddings", "embeddi
 
 def tiny_devide_architecture() -> dict:
     return tiny_architecture(image={"type": "vit", "config": TINY_VIT}, projection=None)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> str:
-    return str(kad_reference.write_tokenizer(tmp_path_factory.mktemp("med_kebert")))
 
 
 @pytest.fixture(scope="module")

@@ -346,11 +346,11 @@ def test_missing_files_and_downloads_are_refused(tiny_config, tokenizer_dir, tmp
     with pytest.raises(FileNotFoundError, match=r"vocab\.txt \(required\).*xmcmic/Med-KEBERT.*no such folder"):
         KAD(tiny_config, random_init=True, tokenizer=str(tmp_path / "absent"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*empty has no vocab\.txt"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*empty lacks \[.vocab\.txt or tokenizer\.json.\]"):
         KAD(tiny_config, random_init=True, tokenizer=str(tmp_path / "empty"))
     with pytest.raises(FileNotFoundError, match=r"tokenizer=None"):
         KAD(tiny_config, random_init=True)
-    with pytest.raises(FileNotFoundError, match=r"checkpoint not found: .*best_valid\.pt \(no such file\)"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint file not found: .*best_valid\.pt \(no such file\)"):
         KAD(tiny_config, checkpoint=str(tmp_path / "best_valid.pt"), tokenizer=tokenizer_dir)
     with pytest.raises(ValueError, match="would download"):
         KAD(tiny_config, checkpoint="https://example.org/best_valid.pt", tokenizer=tokenizer_dir)

@@ -19,6 +19,7 @@ import torch
 
 import medklip_mavl_reference as ref_data
 import xbench_pl
+from test_medklip import released_keys
 from xbench_pl.models import medklip as family
 from xbench_pl.models.checkpoints import CheckpointError
 from xbench_pl.models.layers import AttentionPool2d
@@ -72,13 +73,7 @@ def test_architecture_matches_released_checkpoint_layout(files):
     with torch.device("meta"), pytest.warns(UserWarning, match="RANDOM"):
         model = xbench_pl.create_model("mavl", random_init=True, knowledge=files["knowledge"], text_encoder=str(files["bert"]))
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
-    mapped, ignored = {}, []
-    for key, (shape, _dtype) in spec["keys"].items():
-        key = key[len("module."):]
-        if any(re.search(p, key) for p in MAVL.IGNORE_UNEXPECTED):
-            ignored.append(key)
-        else:
-            mapped[MAVL.rename(key)] = shape
+    mapped, ignored = released_keys(MAVL, spec)
     assert mapped == ours
     assert sorted(ignored) == ["location_emb.bias", "location_emb.weight", "temp"]
     counts = spec["parameters"]

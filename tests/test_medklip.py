@@ -68,6 +68,19 @@ def smoke(files) -> MedKLIP:
                                       text_encoder=str(files["bert"]), query_cache=str(files["cache"]))
 
 
+def released_keys(model_class, spec: dict) -> tuple[dict[str, list[int]], list[str]]:
+    """The manifest's keys (``module.`` stripped) renamed by ``model_class`` with their shapes, and
+    the keys it declares unused (``IGNORE_UNEXPECTED``), in file order."""
+    mapped, ignored = {}, []
+    for key, (shape, _dtype) in spec["keys"].items():
+        key = key.removeprefix("module.")
+        if any(re.search(p, key) for p in model_class.IGNORE_UNEXPECTED):
+            ignored.append(key)
+        else:
+            mapped[model_class.rename(key)] = shape
+    return mapped, ignored
+
+
 # -- architecture vs the released checkpoint -------------------------------------------------------
 def test_architecture_matches_released_checkpoint_layout(files):
     """Every key of checkpoint_final.pth maps to one of ours with its shape, or is the declared
@@ -78,13 +91,7 @@ def test_architecture_matches_released_checkpoint_layout(files):
                                        text_encoder=str(files["bert"]))
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert all(k.startswith("module.") for k in spec["keys"])
-    mapped, ignored = {}, []
-    for key, (shape, _dtype) in spec["keys"].items():
-        key = key[len("module."):]
-        if any(re.search(p, key) for p in MedKLIP.IGNORE_UNEXPECTED):
-            ignored.append(key)
-        else:
-            mapped[MedKLIP.rename(key)] = shape
+    mapped, ignored = released_keys(MedKLIP, spec)
     assert mapped == ours
     assert ignored == ["cl_fc.weight", "cl_fc.bias"]
     counts = spec["parameters"]

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.machinery
-import importlib.metadata
 import json
 import os
 import pickletools
@@ -56,15 +55,11 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import carzero_reference as ref  # noqa: E402  (tests/carzero_reference.py: the shared test-data generator)
+from reference_common import describe_module, versions  # noqa: E402
 
 CARZERO_COMMIT = ref.CARZERO_COMMIT
 HUB_NAME = "Laihaoran/BioClinicalMPBERT"
 STUBS = ("ipdb", "pandas", "sklearn", "sklearn.metrics", "segmentation_models_pytorch", "skimage", "skimage.transform")
-
-
-def versions() -> dict:
-    names = ("torch", "torchvision", "transformers", "tokenizers", "timm", "omegaconf", "numpy", "nltk")
-    return {n: importlib.metadata.version(n) for n in names}
 
 
 def import_official(src: Path, bert: Path):
@@ -102,19 +97,6 @@ def config():
     from omegaconf import OmegaConf
 
     return OmegaConf.create(ref.HYPER_PARAMETERS)
-
-
-def describe(module: torch.nn.Module) -> dict:
-    state = module.state_dict(keep_vars=True)
-    keys = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()}
-    first: dict[int, str] = {}
-    aliases = {}
-    for k, v in state.items():
-        if id(v) in first:
-            aliases[k] = first[id(v)]
-        else:
-            first[id(v)] = k
-    return {"keys": keys, "aliases": aliases}
 
 
 def zero_shot(CARZero, model, imgs, text):
@@ -158,7 +140,7 @@ def manifest(CARZero) -> dict:
 
     with torch.device("meta"):
         module = PretrainDQNWOSAMLPGLModel(config())
-    part = describe(module)
+    part = describe_module(module)
     frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
     total = sum(p.numel() for p in module.parameters())
     by_tower = {}
@@ -179,7 +161,7 @@ def manifest(CARZero) -> dict:
                   "dqn_wo_self_atten_mlp.TQN_Model) built on meta from configs/mimic_pretrain_llm_dqn_wo_self_atten_mlp_gl.yaml; "
                   "layout of a pytorch-lightning 1.1.4 checkpoint's state_dict",
         "prefix": ref.PREFIX,
-        "versions": versions(),
+        "versions": versions("timm", "omegaconf", "nltk"),
         "non_tensor": ["epoch", "global_step", "pytorch-lightning_version", "callbacks", "optimizer_states",
                        "lr_schedulers", "native_amp_scaling_state", "hparams_name", "hyper_parameters", "hparams_type"],
         "parameters": {"total": total, **by_tower, "used_by_zero_shot": total - unused_params,
@@ -271,7 +253,7 @@ def reference(CARZero, tmp: Path) -> dict:
     return {
         "seed": 0,
         "carzero_commit": CARZERO_COMMIT,
-        "versions": versions(),
+        "versions": versions("timm", "omegaconf", "nltk"),
         "pickle_globals": globals_,
         "hyper_parameters_pickle_sha256": hp_sha,  # hyper_parameters_pickle() made with omegaconf 2.3.0
         "data_pkl_sha256": data_sha,  # data.pkl of write_lightning_checkpoint(seed=0) made with omegaconf 2.3.0

@@ -40,7 +40,6 @@ texts with their tokenizer call, runs their modules in eval mode on ``reference_
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import sys
@@ -55,16 +54,12 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import kad_reference  # noqa: E402  (tests/kad_reference.py: the shared test-data generator)
+from reference_common import describe_module, versions  # noqa: E402
 
 KAD_COMMIT = "591d999e325a783868599b3e53067acd2ecbddc0"
 MEDKEBERT_CONFIG = REPO / "xbench_pl/models/configs/hf/xmcmic/Med-KEBERT/config.json"
 IMAGE_SIZE = {"kad_224": 224, "kad_512": 512}
 MAX_LENGTH = 256  # test_chestxray14.py --max_length default
-
-
-def versions() -> dict:
-    names = ("torch", "torchvision", "transformers", "tokenizers", "numpy", "einops")
-    return {n: importlib.metadata.version(n) for n in names}
 
 
 def import_official(src: Path):
@@ -102,23 +97,10 @@ def build(clip_tqn, arch: str, bert: Path):
     return image_encoder, clip_tqn.CLP_clinical(bert_model_name=str(bert)), clip_tqn.TQN_Model()
 
 
-def describe(module: torch.nn.Module) -> dict:
-    state = module.state_dict(keep_vars=True)
-    keys = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()}
-    first: dict[int, str] = {}
-    aliases = {}
-    for k, v in state.items():
-        if id(v) in first:
-            aliases[k] = first[id(v)]
-        else:
-            first[id(v)] = k
-    return {"keys": keys, "aliases": aliases, "parameters": sum(p.numel() for p in module.parameters())}
-
-
 def manifest(clip_tqn, arch: str, bert: Path) -> dict:
     with torch.device("meta"):
         image_encoder, text_encoder, model = build(clip_tqn, arch, bert)
-    parts = {"image_encoder": describe(image_encoder), "text_encoder": describe(text_encoder), "model": describe(model)}
+    parts = {"image_encoder": describe_module(image_encoder), "text_encoder": describe_module(text_encoder), "model": describe_module(model)}
     # What the forward pass reaches: the 224 encoder stops at layer3, and no variant uses resnet.fc or
     # either logit_scale at test time.
     unused = ["resnet.fc."] + (["resnet.layer4."] if arch == "kad_224" else [])
@@ -132,7 +114,7 @@ def manifest(clip_tqn, arch: str, bert: Path) -> dict:
         "architecture": arch,
         "image_size": IMAGE_SIZE[arch],
         "grid": [grid, grid],
-        "versions": versions(),
+        "versions": versions("einops"),
         "non_tensor": ["optimizer", "lr_scheduler", "config", "epoch"],
         "parameters": {
             "total": sum(p["parameters"] for p in parts.values()),
@@ -180,7 +162,7 @@ def reference(clip_tqn, arch: str, bert: Path) -> dict:
         "seed": 0,
         "image_size": IMAGE_SIZE[arch],
         "kad_commit": KAD_COMMIT,
-        "versions": versions(),
+        "versions": versions("einops"),
         "texts": texts,
         "input_ids": tokens["input_ids"].clone(),
         "attention_mask": tokens["attention_mask"].clone(),

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -55,17 +54,13 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import medklip_mavl_reference as ref  # noqa: E402  (tests/medklip_mavl_reference.py)
+from reference_common import versions  # noqa: E402
 
 MEDKLIP_COMMIT = ref.MEDKLIP_COMMIT
 MAVL_COMMIT = ref.MAVL_COMMIT
 # The ana_book of 51 location sentences ("It is located at ..."), built by the pretraining and MAVL
 # classification classes; the stand-in only needs the row count.
 N_LOCATIONS = 51
-
-
-def versions() -> dict:
-    names = ("torch", "torchvision", "transformers", "tokenizers", "numpy", "einops", "timm")
-    return {n: importlib.metadata.version(n) for n in names}
 
 
 class StandInBert(nn.Module):
@@ -178,7 +173,7 @@ def manifest_medklip(src: Sources) -> dict:
         "loaded_by": "Sample_zero-shot_Classification_CXR14/test.py:93-100: DataParallel(MedKLIP).load_state_dict("
                      "checkpoint['model']) strict, module. kept, nothing dropped",
         "prefix": "module.",
-        "versions": versions(),
+        "versions": versions("einops", "timm"),
         "non_tensor": ["optimizer", "lr_scheduler", "config", "epoch"],
         "ignored_by_authors_loader": [],
         "training_only": ["module.cl_fc."],
@@ -218,7 +213,7 @@ def manifest_mavl(src: Sources) -> dict:
         "loaded_by": "Zero-shot_grounding/test.py:154-161, Zero-shot_classification/test.py:323-329: "
                      "k.replace('module.', ''), drop keys containing 'temp', strict load_state_dict",
         "prefix": "module.",
-        "versions": versions(),
+        "versions": versions("einops", "timm"),
         "non_tensor": ["optimizer", "lr_scheduler", "config", "epoch"],
         "ignored_by_authors_loader": ["module.temp"],
         "training_only": ["module.temp", "module.location_emb."],
@@ -273,7 +268,7 @@ def reference_medklip(src: Sources) -> dict:
     mean = (ws[-4] + ws[-3] + ws[-2] + ws[-1]) / 4
     maps = mean.reshape(images.shape[0], mean.shape[1], ref.GRID, ref.GRID)
     return {
-        "model": "medklip", "seed": 0, "commit": MEDKLIP_COMMIT, "versions": versions(),
+        "model": "medklip", "seed": 0, "commit": MEDKLIP_COMMIT, "versions": versions("einops", "timm"),
         "entities": list(ref.ENTITIES), "images_sum": images.double().sum(), "query_book_sum": book.double().sum(),
         "image_tokens_mean_std": torch.stack([tokens_.mean(), tokens_.std()]),
         "logits": logits.clone(), "scores": scores.clone(),
@@ -318,7 +313,7 @@ def reference_mavl(src: Sources) -> dict:
     grouped = layers_mean.view(b, 75, ref.N_CONCEPTS, -1)[:, :, list(ref.GROUNDING_CONCEPTS)]  # :202
     as_grid = lambda w: w.reshape(b, 75, ref.GRID, ref.GRID)  # noqa: E731  (:210)
     return {
-        "model": "mavl", "seed": 0, "commit": MAVL_COMMIT, "versions": versions(),
+        "model": "mavl", "seed": 0, "commit": MAVL_COMMIT, "versions": versions("einops", "timm"),
         "entities": list(ref.ENTITIES), "images_sum": images.double().sum(), "query_book_sum": book.double().sum(),
         "image_tokens_mean_std": torch.stack([local.mean(), local.std()]), "global_feature": global_.clone(),
         "logits": logits.clone(), "scores": scores.clone(), "text_scores": text_scores.clone(),
@@ -351,7 +346,7 @@ def reference_text(src: Sources, tmp: Path) -> dict:
     desc_tok, aspect_tok = tokenize(samples["mavl_descriptions"]), tokenize(samples["mavl_aspects"])
     mavl = src.mv_zg.MAVL(mavl_config, desc_tok, aspect_tok)  # model_MAVL.py:79-91
     return {
-        "seed": 0, "medklip_commit": MEDKLIP_COMMIT, "mavl_commit": MAVL_COMMIT, "versions": versions(),
+        "seed": 0, "medklip_commit": MEDKLIP_COMMIT, "mavl_commit": MAVL_COMMIT, "versions": versions("einops", "timm"),
         "bert": dict(ref.BERT_CONFIG), "max_length": ref.MAX_LENGTH,
         "medklip_texts": samples["medklip"],
         "medklip_input_ids": medklip_tok["input_ids"].clone(),

@@ -55,14 +55,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, drop_aliases, guess_layout, load_weights, read_checkpoint
+from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
+                                          read_checkpoint)
 from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
+from xbench_pl.models.local_files import bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 PREFIX = "CARZero."
-RANDOM_INIT_SEED = 0
+ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
 CHECKPOINT_HINT = ("a local CARZero checkpoint: the authors' released PyTorch Lightning file CARZero_best_model.ckpt "
                    "(a dict with 'state_dict' of 'CARZero.*' keys)")
 TOKENIZER_HINT = ("the BioClinicalMPBERT tokenizer from a local folder (tokenizer=DIR) holding vocab.txt of the Hugging "
@@ -135,32 +135,6 @@ def checkpoint_filter_fn(checkpoint: object, model: "CARZero", source: str = "ch
                 break
         out[key] = value
     return out
-
-
-def read_architecture(architecture: str) -> tuple[dict, Path]:
-    """The architecture dict of a shipped name (``carzero``) or a JSON file, and its folder."""
-    path = Path(architecture).expanduser()
-    if path.suffix != ".json":
-        path = SHIPPED_CONFIGS / f"{architecture}.json"
-        if not path.is_file():
-            raise ValueError(f"unknown CARZero architecture {architecture!r}: not a shipped config (carzero) or a JSON file")
-    if not path.is_file():
-        raise FileNotFoundError(f"architecture config not found: {path}")
-    config = json.loads(path.read_text())
-    missing = [k for k in ("image", "text", "decoder", "head", "prompt", "preprocess") if k not in config]
-    if missing:
-        raise ValueError(f"CARZero architecture config {path} lacks {missing}")
-    return config, path.parent
-
-
-def bert_config(spec: str | dict, base: Path) -> dict:
-    """A BERT config given inline or as a folder/``config.json`` (absolute, next to the architecture, or shipped)."""
-    if isinstance(spec, dict):
-        return dict(spec)
-    for candidate in (Path(spec).expanduser(), base / spec, SHIPPED_CONFIGS / spec):
-        if candidate.exists():
-            return json.loads((candidate / "config.json" if candidate.is_dir() else candidate).read_text())
-    raise FileNotFoundError(f"BERT config {spec!r} not found as a path, next to the architecture config ({base}) or in {SHIPPED_CONFIGS}")
 
 
 # -- text, as the authors' process_text and BertEncoder ----------------------------------------
@@ -240,10 +214,8 @@ class CARZero(ZeroShotModel):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if checkpoint is None and not random_init:
-            raise ValueError(f"CARZero({architecture!r}) needs checkpoint=: {CHECKPOINT_HINT}")
-        checkpoint_file = None if checkpoint is None else find_file(checkpoint)
-        config, base = read_architecture(architecture)
+        weights = checkpoint_file(checkpoint, random_init, f"CARZero({architecture!r})", CHECKPOINT_HINT)
+        config, base = read_architecture(architecture, ARCHITECTURE_KEYS, "CARZero")
         self.architecture = architecture
         self.trust_checkpoint = trust_checkpoint
         self.max_length = int(config["text"].get("max_length", 97))
@@ -253,25 +225,16 @@ class CARZero(ZeroShotModel):
         self.texts = dict(texts or {})
         self.attn_layers = list(config.get("attn_layers", [-4, -3, -2, -1]))
         self.tokenizer = load_tokenizer(tokenizer)
-        if checkpoint_file is None:  # the same random weights on every rank and run
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(RANDOM_INIT_SEED)
-                self.build(config, base)
-        else:
-            self.build(config, base)
+        build_weights(lambda: self.build(config, base), random_init=weights is None)
         vocabulary = self.text.embeddings.word_embeddings.num_embeddings
         if len(self.tokenizer) > vocabulary:
             raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, more than the text encoder's "
                              f"vocabulary ({vocabulary}): wrong tokenizer folder? It needs {TOKENIZER_HINT}")
         if self.last_layers > len(self.text.encoder.layer) + 1:
             raise ValueError(f"architecture {architecture!r}: last_layers {self.last_layers} > the BERT's hidden states")
-        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        self.preprocess = preprocess_from(config)
         self._text_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        if checkpoint_file is not None:
-            self.load_checkpoint(checkpoint_file)
-        else:
-            self.warn_random_weights()
-        self.eval()
+        load_or_warn(self, weights)
 
     def build(self, config: dict, base: Path) -> None:
         self.image = ViTPatches(**config["image"])
@@ -361,28 +324,10 @@ class CARZero(ZeroShotModel):
 
 
 # -- local files only --------------------------------------------------------------------------
-def find_file(value: str) -> Path:
-    if str(value).startswith(("http://", "https://", "hf-hub:")):
-        raise ValueError(f"checkpoint={value!r} would download; nothing is downloaded here. Give {CHECKPOINT_HINT}")
-    path = Path(value).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path} ({'not a file' if path.exists() else 'no such file'}); "
-                                f"expected {CHECKPOINT_HINT}")
-    return path
-
-
 def load_tokenizer(folder: str | None):
     """BioClinicalMPBERT's tokenizer from a local folder, as their ``AutoTokenizer`` gives it
     (``BertTokenizerFast``, default lower casing)."""
-    if folder is not None and str(folder).startswith(("http://", "https://", "hf-hub:")):
-        raise ValueError(f"tokenizer={folder!r} would download; nothing is downloaded here. Give {TOKENIZER_HINT}")
-    path = None if folder is None else Path(folder).expanduser()
-    if path is None or not path.is_dir():
-        raise FileNotFoundError(f"CARZero's text encoder needs {TOKENIZER_HINT}; got tokenizer={folder!r}"
-                                + ("" if path is None else " (no such folder)"))
-    if not any((path / name).is_file() for name in ("vocab.txt", "tokenizer.json")):
-        present = sorted(p.name for p in path.iterdir())[:10]
-        raise FileNotFoundError(f"tokenizer folder {path} has no vocab.txt (holds {present}); it needs {TOKENIZER_HINT}")
+    path = local_folder(folder, "tokenizer", TOKENIZER_HINT, "CARZero's text encoder", [("vocab.txt", "tokenizer.json")])
     import transformers
 
     return transformers.BertTokenizerFast.from_pretrained(str(path), local_files_only=True)

@@ -36,7 +36,7 @@ import pickle
 import re
 import typing
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -446,3 +446,27 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str,
     model.load_state_dict(state, strict=True)
 
 
+
+
+RANDOM_INIT_SEED = 0  # random_init weights are drawn from this seed: the same model on every rank and run
+
+
+def build_weights(build: Callable[[], None], random_init: bool) -> None:
+    """Run ``build()`` (which creates the modules); for a model without a checkpoint under a forked RNG
+    seeded ``RANDOM_INIT_SEED``, so that smoke runs are reproducible and the global RNG is untouched."""
+    if not random_init:
+        build()
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_INIT_SEED)
+        build()
+
+
+def load_or_warn(model: nn.Module, checkpoint_file: Path | None) -> None:
+    """``model.load_checkpoint(checkpoint_file)``, or without a file ``model.warn_random_weights()``
+    (reports say so); then evaluation mode."""
+    if checkpoint_file is not None:
+        model.load_checkpoint(checkpoint_file)
+    else:
+        model.warn_random_weights()
+    model.eval()

@@ -46,19 +46,19 @@ whole image (PIL, antialiased) to the input size, ImageNet mean/std.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import yaml
 from torch import nn
 
-from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, drop_aliases, load_weights, merge_parts, read_checkpoint
+from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, load_or_warn, load_weights, merge_parts,
+                                          read_checkpoint)
 from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatches, ViTPatches
+from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
+                                          resolve_file)
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 TOKENIZER_HINT = ("the Med-KEBERT tokenizer files from a local folder (tokenizer=DIR): vocab.txt (required), "
                   "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
 CHECKPOINT_HINT = ("a local KAD-style checkpoint file (KAD's released KAD_Models/KAD_512/best_valid.pt, "
@@ -76,7 +76,7 @@ RENAMES = (
     ("image.vit.", "image."),  # Hugging Face ViTModel under the attribute ``vit`` (DeViDe layout)
 )
 POSITION_IDS = "text.bert_model.embeddings.position_ids"
-RANDOM_INIT_SEED = 0  # random_init weights are drawn from this seed (same model on every rank)
+ARCHITECTURE_KEYS = ("image", "text", "decoder", "preprocess", "queries")
 
 
 def rename(key: str) -> str:
@@ -84,38 +84,6 @@ def rename(key: str) -> str:
         if key.startswith(old):
             return new + key[len(old):]
     return key
-
-
-def read_architecture(architecture: str) -> tuple[dict, Path]:
-    """The architecture dict of a shipped name (``kad-512``) or a JSON file, and its folder."""
-    path = Path(architecture).expanduser()
-    if path.suffix != ".json":
-        path = SHIPPED_CONFIGS / f"{architecture}.json"
-        if not path.is_file():
-            shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json") if "image" in json.loads(p.read_text()))
-            raise ValueError(f"unknown architecture {architecture!r}: not a shipped query-decoder config {shipped} or a JSON file")
-    if not path.is_file():
-        raise FileNotFoundError(f"architecture config not found: {path}")
-    config = json.loads(path.read_text())
-    missing = [k for k in ("image", "text", "decoder", "preprocess", "queries") if k not in config]
-    if missing:
-        raise ValueError(f"architecture config {path} lacks {missing}")
-    return config, path.parent
-
-
-def resolve_file(name: str, base: Path) -> Path:
-    """A file or folder named in an architecture config: absolute, next to the config, or shipped."""
-    for candidate in (Path(name).expanduser(), base / name, SHIPPED_CONFIGS / name):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{name!r} not found as a path, next to the architecture config ({base}) or in {SHIPPED_CONFIGS}")
-
-
-def bert_config(spec: str | dict, base: Path) -> dict:
-    if isinstance(spec, dict):
-        return dict(spec)
-    path = resolve_file(spec, base)
-    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
 
 
 def image_layout(state: dict[str, torch.Tensor]) -> str:
@@ -184,11 +152,8 @@ class KAD(ZeroShotModel):
         super().__init__(**kwargs)
         if query_set not in self.QUERY_SETS:
             raise ValueError(f"query_set must be one of {self.QUERY_SETS}, got {query_set!r}")
-        name = type(self).__name__
-        if checkpoint is None and not random_init:
-            raise ValueError(f"{name}({architecture!r}) needs checkpoint=: {CHECKPOINT_HINT}")
-        checkpoint_file = None if checkpoint is None else find_file(checkpoint, "checkpoint")
-        config, base = read_architecture(architecture)
+        weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})", CHECKPOINT_HINT)
+        config, base = read_architecture(architecture, ARCHITECTURE_KEYS, "query-decoder")
         self.architecture = architecture
         self.query_set = query_set
         self.max_length = int(config["text"].get("max_length", 256))
@@ -197,21 +162,11 @@ class KAD(ZeroShotModel):
         self.texts = {**queries["texts"], **(texts or {})}
         self.authors_set = tuple(queries["query_set"])
 
-        if checkpoint_file is None:  # the same random weights on every rank and run: smoke runs are reproducible
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(RANDOM_INIT_SEED)
-                self.build(config, base, tokenizer)
-        else:
-            self.build(config, base, tokenizer)
+        build_weights(lambda: self.build(config, base, tokenizer), random_init=weights is None)
         self.attn_layers = list(config.get("attn_layers", [-1]))
-        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        self.preprocess = preprocess_from(config)
         self._query_cache: dict[tuple, torch.Tensor] = {}
-
-        if checkpoint_file is not None:
-            self.load_checkpoint(checkpoint_file)
-        else:
-            self.warn_random_weights()
-        self.eval()
+        load_or_warn(self, weights)
 
     def build(self, config: dict, base: Path, tokenizer: str | None) -> None:
         """The towers, decoder and head of ``config``, with random weights."""
@@ -297,27 +252,9 @@ class KAD(ZeroShotModel):
 
 
 # -- local files only --------------------------------------------------------------------------
-def find_file(value: str, what: str) -> Path:
-    if value.startswith(("http://", "https://", "hf-hub:")):
-        raise ValueError(f"{what}={value!r} would download; nothing is downloaded here. Give {CHECKPOINT_HINT}")
-    path = Path(value).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path} ({'not a file' if path.exists() else 'no such file'}); "
-                                f"expected {CHECKPOINT_HINT}")
-    return path
-
-
 def load_tokenizer(folder: str | None, lower_case: bool):
     """The BERT WordPiece tokenizer of a local folder (``vocab.txt`` or ``tokenizer.json``)."""
-    if folder is not None and str(folder).startswith(("http://", "https://", "hf-hub:")):
-        raise ValueError(f"tokenizer={folder!r} would download; nothing is downloaded here. Give {TOKENIZER_HINT}")
-    path = None if folder is None else Path(folder).expanduser()
-    if path is None or not path.is_dir():
-        raise FileNotFoundError(f"the text encoder needs {TOKENIZER_HINT}; got tokenizer={folder!r}"
-                                + ("" if path is None else " (no such folder)"))
-    if not any((path / name).is_file() for name in ("vocab.txt", "tokenizer.json")):
-        present = sorted(p.name for p in path.iterdir())[:10]
-        raise FileNotFoundError(f"tokenizer folder {path} has no vocab.txt (holds {present}); it needs {TOKENIZER_HINT}")
+    path = local_folder(folder, "tokenizer", TOKENIZER_HINT, "the text encoder", [("vocab.txt", "tokenizer.json")])
     import transformers
 
     return transformers.BertTokenizer.from_pretrained(str(path), do_lower_case=lower_case, local_files_only=True)

@@ -73,14 +73,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, drop_aliases, guess_layout, load_weights, read_checkpoint
+from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
+                                          read_checkpoint)
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
+from xbench_pl.models.local_files import checkpoint_file, local_file, local_files, local_folder, preprocess_from
+from xbench_pl.models.local_files import read_architecture as read_architecture_file
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
-RANDOM_INIT_SEED = 0  # random_init weights are drawn from this seed (same model on every rank)
 CACHE_FORMAT = 1
 CACHE_ENV = "XBENCH_CACHE_DIR"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -89,22 +89,12 @@ TEXT_ENCODER_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_
 
 
 # -- architecture configs ------------------------------------------------------------------------
+ARCHITECTURE_KEYS = ("image", "projection", "text", "decoder", "concepts", "entities", "findings", "preprocess")
+
+
 def read_architecture(architecture: str) -> dict:
     """The architecture dict of a shipped name (``medklip``, ``mavl``) or a JSON file."""
-    path = Path(architecture).expanduser()
-    if path.suffix != ".json":
-        path = SHIPPED_CONFIGS / f"{architecture}.json"
-        if not path.is_file():
-            shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json") if '"family"' in p.read_text())
-            raise ValueError(f"unknown architecture {architecture!r}: not a shipped MedKLIP-family config {shipped} or a JSON file")
-    if not path.is_file():
-        raise FileNotFoundError(f"architecture config not found: {path}")
-    config = json.loads(path.read_text())
-    needed = ("image", "projection", "text", "decoder", "concepts", "entities", "findings", "preprocess")
-    missing = [k for k in needed if k not in config]
-    if missing:
-        raise ValueError(f"architecture config {path} lacks {missing}")
-    return config
+    return read_architecture_file(architecture, ARCHITECTURE_KEYS, "MedKLIP-family")[0]
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -171,34 +161,9 @@ def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, 
     return first, descriptions, aspects, origin
 
 
-def as_files(value: str | list[str] | tuple[str, ...] | None, what: str, hint: str) -> list[Path]:
-    if value is None or (isinstance(value, (list, tuple)) and not value):
-        raise FileNotFoundError(f"{what} is required: {hint}")
-    paths = [Path(v).expanduser() for v in ([value] if isinstance(value, (str, Path)) else value)]
-    for path in paths:
-        if str(path).startswith(("http:", "https:", "hf-hub:")):
-            raise ValueError(f"{what}={path} would download; nothing is downloaded here. Give {hint}")
-        if not path.is_file():
-            raise FileNotFoundError(f"{what} file not found: {path} ({'not a file' if path.exists() else 'no such file'}); "
-                                    f"expected {hint}")
-    return paths
-
-
 # -- text encoder (Bio_ClinicalBERT from a local folder) -----------------------------------------------------
 def text_encoder_folder(value: str | None) -> Path:
-    if value is not None and str(value).startswith(("http://", "https://", "hf-hub:")):
-        raise ValueError(f"text_encoder={value!r} would download; nothing is downloaded here. Give {TEXT_ENCODER_HINT}")
-    path = None if value is None else Path(value).expanduser()
-    if path is None or not path.is_dir():
-        raise FileNotFoundError(f"the query book needs {TEXT_ENCODER_HINT}; got text_encoder={value!r}"
-                                + ("" if path is None else " (no such folder)"))
-    missing = [name for name in ("config.json", "vocab.txt") if not (path / name).is_file()]
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        missing.append(" or ".join(WEIGHT_FILES))
-    if missing:
-        present = sorted(p.name for p in path.iterdir())[:12]
-        raise FileNotFoundError(f"text encoder folder {path} lacks {missing} (holds {present}); it needs {TEXT_ENCODER_HINT}")
-    return path
+    return local_folder(value, "text_encoder", TEXT_ENCODER_HINT, "the query book", [("config.json",), ("vocab.txt",), WEIGHT_FILES])
 
 
 def fingerprint(folder: Path) -> str:
@@ -370,10 +335,8 @@ class MedKLIP(ZeroShotModel):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        name = type(self).__name__
-        if checkpoint is None and not random_init:
-            raise ValueError(f"{name}({architecture!r}) needs checkpoint=: a local copy of the authors' {self.RELEASED}")
-        checkpoint_file = None if checkpoint is None else as_files(checkpoint, "checkpoint", f"the authors' {self.RELEASED}")[0]
+        weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})",
+                                  f"a local copy of the authors' {self.RELEASED}")
         config = read_architecture(architecture)
         self.architecture = architecture
         self.config = config
@@ -386,29 +349,19 @@ class MedKLIP(ZeroShotModel):
         if self.map_reduce not in ("mean", "max"):
             raise ValueError(f"architecture {architecture!r}: map_reduce must be 'mean' or 'max', got {self.map_reduce!r}")
         self.max_length = int(config["text"].get("max_length", 64))
-        self.read_knowledge(as_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
+        self.read_knowledge(local_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
 
-        self.precomputed = None if query_embeddings is None else read_query_embeddings(as_files(
-            query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings")[0])
+        self.precomputed = None if query_embeddings is None else read_query_embeddings(local_file(
+            query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings"))
         if text_encoder is None and self.precomputed is None:
             text_encoder_folder(None)  # raises, naming what is needed
         self.text_encoder = None if text_encoder is None else TextEncoder(text_encoder_folder(text_encoder), self.max_length)
         self.query_cache = Path(query_cache).expanduser() if query_cache else default_query_cache()
 
-        if checkpoint_file is None:  # the same random weights on every rank and run: smoke runs are reproducible
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(RANDOM_INIT_SEED)
-                self.build(config)
-        else:
-            self.build(config)
-        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        build_weights(lambda: self.build(config), random_init=weights is None)
+        self.preprocess = preprocess_from(config)
         self._query_cache: dict[tuple, torch.Tensor] = {}
-
-        if checkpoint_file is not None:
-            self.load_checkpoint(checkpoint_file)
-        else:
-            self.warn_random_weights()
-        self.eval()
+        load_or_warn(self, weights)
 
     # -- architecture ----------------------------------------------------------------------------
     def build(self, config: dict) -> None:
