@@ -268,16 +268,11 @@ def test_map_pickle_reader_refuses_foreign_globals(tmp_path):
 def test_cxl_equal_on_one_and_two_ddp_processes(tmp_path):
     """--model.cxl true on the demo (a cropping model: maps through the affine): 1 vs 2 DDP processes
     give the same metrics.json byte for byte."""
-    from test_cli import cli
+    from test_cli import one_and_two_processes
 
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.batch_size", "3",
               "--trainer.accelerator", "cpu", "--model.bootstrap", "0", "--model.cxl", "true"]
-    one = cli(*common, "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*common, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
-    assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
+    a, b, _ = one_and_two_processes(tmp_path, *common)
     assert json.dumps(a) == json.dumps(b)
     mean = a["datasets"]["demo"]["mean"]
     assert all(mean[k] is not None for k in CXL_KEYS)

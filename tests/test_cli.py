@@ -21,6 +21,18 @@ def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def one_and_two_processes(out: Path, *args):
+    """Run ``test ARGS`` in 1 process and in 2 DDP processes: (report of 1, report of 2, the DDP run),
+    each report without its ``provenance`` (times, world size), which is checked and dropped."""
+    one = cli(*args, "--out", str(out / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(out / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (json.loads((out / run / "metrics.json").read_text()) for run in ("one", "two"))
+    assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
+    return a, b, two
+
+
 def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
     result = cli("test", "--model", "location_prior", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,12 +53,7 @@ def test_one_and_two_process_ddp_give_identical_metrics(tmp_path, images):
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    one = cli(*common, "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*common, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
-    assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
+    a, b, two = one_and_two_processes(tmp_path, *common)
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
     assert "sync_dist" not in two.stderr and "Test metric" not in two.stdout  # quiet under DDP too
     mean = a["datasets"]["demo"]["mean"]

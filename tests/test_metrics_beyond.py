@@ -287,7 +287,7 @@ def test_options_are_checked():
 def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_path):
     """A tuning run on some demo images gives tau per finding; applied to the others, 1 vs 2 DDP processes
     give the same metrics.json (new keys, bootstrap intervals, size strata) byte for byte."""
-    from test_cli import cli
+    from test_cli import cli, one_and_two_processes
 
     from xbench_pl.data.nih_bbox import DemoDataModule
 
@@ -302,12 +302,7 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     assert "no tuning run" in tuned["tuning"]["note"] and tuned["mean"]["dice_tuned"] is None
     test = [*common, "--data.split_file", str(tmp_path / "test.csv"), "--model.tune_from", str(tmp_path / "tune"),
             "--model.size_strata", "[0.02, 0.08]"]
-    one = cli(*test, "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*test, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
-    assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
+    a, b, _ = one_and_two_processes(tmp_path, *test)
     assert json.dumps(a) == json.dumps(b)
     demo = a["datasets"]["demo"]
     for name, row in demo["classes"].items():
