@@ -59,7 +59,8 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint)
 from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
-from xbench_pl.models.local_files import bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture
+from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
+                                          sized_architecture)
 
 PREFIX = "CARZero."
 ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
@@ -190,6 +191,7 @@ class CARZero(ZeroShotModel):
         trust_checkpoint: read a checkpoint that needs more than tensors and the allowed inert
             classes with full unpickling (runs code from the file: only for files you trust).
         texts: ``{finding: prompt}`` overriding the ``"There is {}"`` prompts.
+        image_size: input size; only the trained 224 px (``INPUT_SIZES``), any other is refused.
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
@@ -202,6 +204,7 @@ class CARZero(ZeroShotModel):
     # duplicate key prefix -> prefix of the twin kept (TQN passes decoder_norm to the decoder as its norm)
     ALIASES = {"fusion_module.decoder_norm.": "fusion_module.decoder.norm."}
     SAFE_GLOBALS = SAFE_GLOBALS
+    INPUT_SIZES = {224: "carzero"}
 
     def __init__(
         self,
@@ -211,9 +214,11 @@ class CARZero(ZeroShotModel):
         random_init: bool = False,
         trust_checkpoint: bool = False,
         texts: dict[str, str] | None = None,
+        image_size: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        architecture = sized_architecture(architecture, image_size, self.INPUT_SIZES, type(self).__name__)
         weights = checkpoint_file(checkpoint, random_init, f"CARZero({architecture!r})", CHECKPOINT_HINT)
         config, base = read_architecture(architecture, ARCHITECTURE_KEYS, "CARZero")
         self.architecture = architecture

@@ -34,5 +34,7 @@ from xbench_pl.models.kad import KAD
 class DeViDe(KAD):
     """DeViDe: ``KAD`` with the ``devide`` architecture (ViT-B/16 patches); see the module docstring."""
 
+    INPUT_SIZES = {224: "devide"}
+
     def __init__(self, architecture: str = "devide", **kwargs):
         super().__init__(architecture=architecture, **kwargs)

@@ -57,7 +57,7 @@ from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_a
                                           read_checkpoint)
 from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatches, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
-                                          resolve_file)
+                                          resolve_file, sized_architecture)
 
 TOKENIZER_HINT = ("the Med-KEBERT tokenizer files from a local folder (tokenizer=DIR): vocab.txt (required), "
                   "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
@@ -119,6 +119,7 @@ class KAD(ZeroShotModel):
         query_set: ``"authors"`` (their ChestX-ray14 set, plus requested findings not in it) or
             ``"requested"`` (exactly the requested findings).
         texts: ``{canonical finding: query text}`` overriding the shipped texts.
+        image_size: input size; picks the released variant of that size (``INPUT_SIZES``), any other is refused.
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
@@ -138,6 +139,7 @@ class KAD(ZeroShotModel):
         "decoder_norm.": "decoder.norm.",
     }
     QUERY_SETS = ("authors", "requested")
+    INPUT_SIZES = {224: "kad-224", 512: "kad-512", 1024: "kad-1024"}  # --model.image_size -> the released variant
 
     def __init__(
         self,
@@ -147,9 +149,11 @@ class KAD(ZeroShotModel):
         random_init: bool = False,
         query_set: str = "authors",
         texts: dict[str, str] | None = None,
+        image_size: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        architecture = sized_architecture(architecture, image_size, self.INPUT_SIZES, type(self).__name__)
         if query_set not in self.QUERY_SETS:
             raise ValueError(f"query_set must be one of {self.QUERY_SETS}, got {query_set!r}")
         weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})", CHECKPOINT_HINT)

@@ -64,6 +64,20 @@ def local_folder(value: str | Path | None, what: str, hint: str, needed_by: str,
     return path
 
 
+def sized_architecture(architecture: str, image_size: int | None, sizes: dict[int, str], model: str) -> str:
+    """The architecture for ``--model.image_size``: a model that exists at several input sizes (one
+    architecture and checkpoint each, e.g. KAD 224/512/1024) switches to that size's; any other size
+    is refused, naming the sizes it has (its checkpoints are trained at those only: grids, position
+    embeddings and pools do not transfer). ``None`` keeps ``architecture``."""
+    if image_size is None:
+        return architecture
+    if image_size not in sizes:
+        raise ValueError(f"{model} cannot run at image_size={image_size}: it exists at {sorted(sizes)} px only "
+                         f"({', '.join(f'{size} px: architecture {name!r}' for size, name in sorted(sizes.items()))}, "
+                         "each with its own checkpoint); the eval grid is the same at any input size")
+    return sizes[image_size]
+
+
 def read_architecture(architecture: str, needed: Sequence[str], family: str) -> tuple[dict, Path]:
     """The architecture dict of a shipped name or a JSON file, and its folder. A shipped config of the
     family is one holding every ``needed`` key."""

@@ -77,7 +77,7 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint)
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
-from xbench_pl.models.local_files import checkpoint_file, local_file, local_files, local_folder, preprocess_from
+from xbench_pl.models.local_files import checkpoint_file, local_file, local_files, local_folder, preprocess_from, sized_architecture
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
 
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
@@ -310,6 +310,7 @@ class MedKLIP(ZeroShotModel):
         query_cache: folder of the on-disk query-embedding cache (default: see the module docstring).
         entities: ``{finding: entity key}`` overriding the config's ``findings`` table.
         random_init: allow running without weights (smoke tests; reports say so).
+        image_size: input size; only the trained 224 px (``INPUT_SIZES``), any other is refused.
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
@@ -319,6 +320,7 @@ class MedKLIP(ZeroShotModel):
                ("res_l1.", "project.0."), ("res_l2.", "project.2."))
     LAYOUT = "MedKLIP"
     RELEASED = "checkpoint_final.pth"
+    INPUT_SIZES = {224: "medklip"}
     KNOWLEDGE_HINT = ("the user's copy of MedKLIP's 'observation explanation.json' (MediaBrain-SJTU/MedKLIP, "
                       "PreTrain_MedKLIP/data_file/; 75 entity descriptions) as knowledge=FILE")
 
@@ -332,9 +334,11 @@ class MedKLIP(ZeroShotModel):
         query_cache: str | None = None,
         entities: dict[str, str] | None = None,
         random_init: bool = False,
+        image_size: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        architecture = sized_architecture(architecture, image_size, self.INPUT_SIZES, type(self).__name__)
         weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})",
                                   f"a local copy of the authors' {self.RELEASED}")
         config = read_architecture(architecture)
@@ -562,6 +566,7 @@ class MAVL(MedKLIP):
                ("res_l1.0.", "project.0."), ("res_l1.1.", "project.1."), ("res_l2.", "project.2."))
     LAYOUT = "MAVL"
     RELEASED = "checkpoint_full_40.pth or checkpoint_full_46.pth"
+    INPUT_SIZES = {224: "mavl"}  # its attention pool is built for the 14 x 14 grid of 224 px
     KNOWLEDGE_HINT = ("the user's copies of MAVL's 'observation explanation.json' (HieuPhan33/MAVL, Zero-shot_grounding/) and "
                       "'gpt4_mimic.json' (Pretrain/concept_gen/) as knowledge=[FILE, FILE]")
     SCORE_MODES = ("feature", "text")
@@ -577,12 +582,13 @@ class MAVL(MedKLIP):
         entities: dict[str, str] | None = None,
         random_init: bool = False,
         score_mode: str = "feature",
+        image_size: int | None = None,
         **kwargs,
     ):
         if score_mode not in self.SCORE_MODES:
             raise ValueError(f"score_mode must be one of {self.SCORE_MODES}, got {score_mode!r}")
         super().__init__(architecture, checkpoint, knowledge, text_encoder, query_embeddings, query_cache, entities,
-                         random_init, **kwargs)
+                         random_init, image_size, **kwargs)
         self.score_mode = score_mode
 
     def texts_of(self, entities: tuple[str, ...], classes: list[str] | None = None) -> tuple[str, ...]:
