@@ -21,6 +21,7 @@ import base64
 import csv
 import html
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -75,6 +76,13 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float] | N
     ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
     ss_tot = sum((y - my) ** 2 for y in ys)
     return slope, intercept, (1 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
+
+
+def r2_text(r2: float | None) -> str:
+    """R² as printed: undefined when every AUROC is equal (e.g. weight-free baselines, all 0.5)."""
+    if r2 is None:
+        return "–"
+    return "undefined (AUROC constant)" if math.isnan(r2) else f"{r2:.3f}"
 
 
 def auroc_pg_points(runs: list[Run]) -> list[tuple[str, str, str, float, float]]:
@@ -137,7 +145,7 @@ def figure_auroc_pg(runs: list[Run], path: Path) -> dict:
     if fit is not None:
         slope, intercept, r2 = fit
         ax.plot([0, 1], [intercept, slope + intercept], "k--", linewidth=1,
-                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {r2:.3f}")
+                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {r2_text(r2)}")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Pointing Game (per finding)", ylabel="AUROC (per finding)")
     ax.set_title(f"Recognition against grounding: {len(points)} (model, dataset, finding) points", fontsize=9)
     ax.grid(alpha=0.3)
@@ -239,7 +247,7 @@ def build(runs: list[Run], out: Path) -> dict:
         doc.append(f'<p class="warn">{html.escape(note)}</p>')
     md += ["", "## Grounding per dataset and model (macro means; Table 1)", "", _md_table(header, rows)]
     doc += ["<h2>Grounding per dataset and model (macro means; Table 1)</h2>", _html_table(header, rows)]
-    r2 = "–" if fit["r2"] is None else f"{fit['r2']:.3f}"
+    r2 = r2_text(fit["r2"])
     fig_text = [("auroc_vs_pointing_game.png", f"AUROC against Pointing Game per (model, dataset, finding): "
                  f"{fit['points']} points, R² = {r2} (Fig. 3)"),
                 ("dice_fixed_vs_best.png", "Dice at τ = 0.5 vs at tau_best per model and dataset (Fig. 4)")]
@@ -291,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     fit = build(runs, out)
-    r2 = "–" if fit["r2"] is None else f"{fit['r2']:.3f}"
+    r2 = r2_text(fit["r2"])
     print(f"{len(runs)} run(s); AUROC vs Pointing Game: {fit['points']} points, R² = {r2}")
     print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 0
