@@ -202,11 +202,10 @@ def test_scores_and_maps_equal_the_authors_code(official):
     assert torch.allclose(out.saliency.sum(dim=(-1, -2)), torch.ones(2, 14))  # attention rows sum to 1
 
 
+@pytest.mark.parametrize("official", ["kad_512"], indirect=True)
 def test_released_file_checks(official, tmp_path):
     """The trained resolution is read from the file's config; a 512 file given to kad_224 says so."""
     arch, path, _, _ = official
-    if arch != "kad_512":
-        pytest.skip("uses the 512 checkpoint")
     with pytest.raises(CheckpointError, match=r"trained at img_res 512 .* 'kad-1024' feeds 1024 px"):
         xbench_pl.create_model("kad_1024", checkpoint=str(path), tokenizer=_tok(tmp_path))
     checkpoint = torch.load(path, weights_only=True)
