@@ -303,7 +303,7 @@ class XBenchDataModule(L.LightningDataModule):
             record = records[index]
             if isinstance(size, Problem):
                 # the image's own file, at the row of the annotation table that lists it
-                self.report(DataError(size.file, f"{size.reason} (image of {record.source})", row=source_row(record.source)))
+                self.report(DataError(size.file, f"{size.reason} (image of {record.source})", row=source_file_row(record.source)[1]))
                 continue
             self.fit_regions(record, *size)
             kept.append(record)
@@ -425,10 +425,6 @@ def source_file_row(source: str) -> tuple[str, str | None]:
     """``Record.source`` (``"FILE, row N"`` or ``"FILE"``) as ``(FILE, "N" or None)``."""
     file, sep, row = source.rpartition(", row ")
     return (file, row) if sep and row else (source, None)
-
-
-def source_row(source: str) -> str | None:
-    return source_file_row(source)[1]
 
 
 def read_split_file(path: str | Path, known_ids=()) -> dict[str, int]:
