@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
-from xbench_pl.metrics.functional import area_fraction, dice_auc, size_stratum
+from xbench_pl.metrics.functional import area_fraction, best_threshold, dice_auc, size_stratum
 from xbench_pl.metrics.grounding import (
     FIXED_POINT_SCALE,
     DiceIoU,
@@ -254,7 +254,7 @@ class BenchmarkMetrics(nn.Module):
         cls, stored, defined = records["cls"], records["values"], records["defined"]
         column = {k: i for i, k in enumerate(RECORD_KEYS)}
         p, t = cls.numel(), self.dice_iou.fixed_index
-        best = torch.nan_to_num(grounding["dice_curve"].cpu().reshape(len(self.classes), -1), nan=-1.0).argmax(-1)
+        best, _ = best_threshold(grounding["dice_curve"].cpu().reshape(len(self.classes), -1), self.dice_iou.thresholds.cpu())
         tuned = self._tuned_index()
         pick = lambda curve, index: curve.gather(1, index[cls].clamp_min(0)[:, None])[:, 0]  # noqa: E731
         ones = torch.ones(p, dtype=torch.long)

@@ -19,7 +19,7 @@ import hashlib
 import torch
 
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
-from xbench_pl.metrics.grounding import FIXED_POINT_SCALE
+from xbench_pl.metrics.grounding import from_fixed
 
 #: Size strata by the region's share of the image: names and default bounds (small < 1 %, large >= 10 %).
 SIZE_STRATA = ("small", "medium", "large")
@@ -42,10 +42,6 @@ def _unit_sums(units: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, def
     return sums, counts
 
 
-def _means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    return torch.where(counts > 0, sums.double() / FIXED_POINT_SCALE / counts.clamp_min(1).double(), float("nan"))
-
-
 def bootstrap_intervals(units: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor,
                         num_classes: int, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, torch.Tensor]:
     """Percentile bootstrap intervals of per-class means and their macro mean.
@@ -57,7 +53,7 @@ def bootstrap_intervals(units: torch.Tensor, cls: torch.Tensor, values: torch.Te
     k = values.shape[1]
     sums, counts = _unit_sums(units, cls, values, defined, num_classes)
     weights = bootstrap_weights(sums.shape[0], resamples, seed)
-    per_class = _means(weights @ sums, weights @ counts).view(resamples, num_classes, k)
+    per_class = from_fixed(weights @ sums, weights @ counts).view(resamples, num_classes, k)
     macro = per_class.nanmean(1)  # classes defined in the replicate; NaN if none
     return {"classes": percentile_interval(per_class, level), "mean": percentile_interval(macro, level), "replicates": per_class}
 
@@ -73,6 +69,6 @@ def strata_means(stratum: torch.Tensor, cls: torch.Tensor, values: torch.Tensor,
         c = cls[keep]
         total = torch.zeros(num_classes, k, dtype=torch.long).index_add_(0, c, values[keep] * defined[keep])
         count = torch.zeros(num_classes, k, dtype=torch.long).index_add_(0, c, defined[keep])
-        means.append(_means(total, count))
+        means.append(from_fixed(total, count))
         pairs.append(torch.bincount(c, minlength=num_classes))
     return {"means": torch.stack(means), "pairs": torch.stack(pairs)}
