@@ -44,11 +44,12 @@ from open_clip.transformer import VisionTransformer
 from torch import nn
 
 from xbench_pl.geometry import Preprocess
+from xbench_pl.models import local_files
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, load_weights, read_state_dict
+from xbench_pl.models.local_files import SHIPPED_CONFIGS
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 # A model folder's weights, in open_clip's order of preference.
 CHECKPOINT_NAMES = (
     "open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
@@ -67,8 +68,10 @@ LOCAL_FILES_HINT = (
 
 
 def refuse_download(value: str | None, what: str) -> None:
-    if value is not None and (value == "openai" or value.startswith(("hf-hub:", "http://", "https://"))):
+    """``local_files.refuse_download`` that also refuses open_clip's ``"openai"`` pretrained tag."""
+    if value == "openai":
         raise ValueError(f"{what}={value!r} would download; nothing is downloaded here. Give {LOCAL_FILES_HINT}.")
+    local_files.refuse_download(value, what, f"{LOCAL_FILES_HINT}.")
 
 
 # -- architecture ------------------------------------------------------------------------------
