@@ -34,7 +34,7 @@ from xbench_pl.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.registry import UnknownName, config_path
-from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
+from xbench_pl.report import build_report, provenance, publish_report
 
 DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
@@ -154,10 +154,7 @@ class XBenchCLI(LightningCLI):
             random_weights=bool(getattr(self.model, "random_weights", False)),
             provenance=provenance(self.trainer, self.started),
         )
-        out = write_report(report, settings["out"])
-        print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
-        for line in problem_summary(report, out):
-            print(line)
+        out = publish_report(report, settings["out"])
         if report["random_weights"]:
             print(f"\nNOTE: {report['model']} has RANDOM weights (random_init, no checkpoint): these numbers only "
                   "smoke-test the set-up; the report says so (random_weights: true)")

@@ -162,3 +162,12 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "metrics.md").write_text(render_markdown(report))
     return out
+
+
+def publish_report(report: dict, out_dir: str | Path) -> Path:
+    """``write_report``, then print the per-dataset table and ``problem_summary`` (what every command ends with)."""
+    out = write_report(report, out_dir)
+    print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
+    for line in problem_summary(report, out):
+        print(line)
+    return out

@@ -35,7 +35,7 @@ from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.io import DataError
 from xbench_pl.predictions import Replayer, Store, StoreError, replay
 from xbench_pl.registry import read_config, resolve_class
-from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
+from xbench_pl.report import build_report, provenance, publish_report
 
 METRIC_OPTIONS = {"normalize": str, "fixed_threshold": float, "score_threshold": float}
 
@@ -139,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                           results=results, problems=datamodule_problems(datamodule), config=config,
                           random_weights=bool(stored.get("random_weights")),
                           provenance={**provenance(score_host(), started), "scored_from": str(Path(folder))})
-    out = write_report(report, args.out)
-    print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
-    for line in problem_summary(report, out):
-        print(line)
+    out = publish_report(report, args.out)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 

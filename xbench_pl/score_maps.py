@@ -45,7 +45,7 @@ from xbench_pl.external_maps import parse_chexlocalize_name, read_chexlocalize_p
 from xbench_pl.geometry import Preprocess
 from xbench_pl.predictions import Replayer, replay
 from xbench_pl.registry import read_config
-from xbench_pl.report import build_report, markdown_table, problem_summary, provenance, write_report
+from xbench_pl.report import build_report, provenance, publish_report
 
 RECOGNITION_KEYS = ("auroc", "auprc", "f1", "hamming_acc", "ece")
 
@@ -246,10 +246,7 @@ def main(argv: list[str]) -> int:
                         "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
     report = build_report(model=f"maps:{folder.name}", results=results, problems=datamodule_problems(datamodule), config=config,
                           provenance={**provenance(score_host(), started), "scored_from": str(folder)})
-    out = write_report(report, args.out)
-    print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
-    for line in problem_summary(report, out):
-        print(line)
+    out = publish_report(report, args.out)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
           f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
     return 0
