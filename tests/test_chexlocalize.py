@@ -58,6 +58,7 @@ def test_real_labels_and_regions(real_cxr):
     records = {r.image_id: r for r in dm.test_set.records}
     assert sorted(records) == ["patient64541_study1_view1_frontal", "patient64542_study1_view1_frontal"]
     first, second = records["patient64541_study1_view1_frontal"], records["patient64542_study1_view1_frontal"]
+    assert (first.patient_id, second.patient_id) == ("patient64541", "patient64542")  # the CheXpert patient folder
     assert [t for t in TASKS if first.labels[t]] == ["Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity"]
     assert [t for t in TASKS if second.labels[t]] == ["Support Devices"]
     assert sorted(first.regions) == ["Cardiomegaly", "Enlarged Cardiomediastinum", "Lung Opacity"]

@@ -64,6 +64,7 @@ def test_demo_is_registered_and_batches():
     assert batch.dataset == "demo" and batch.region_masks.shape[1:] == (64, 64)
     assert len(batch.region_index) == 4  # one boxed finding per demo image
     assert batch.original_size.tolist() == [[512, 512]] * 4  # the synthetic phantoms (xbench_pl.data.synthetic)
+    assert batch.patient_ids == ["1", "2", "3", "4"]  # from the demo's Data_Entry Patient ID column
 
 
 def test_full_real_box_table(real_cxr, tmp_path):
@@ -97,6 +98,9 @@ def test_full_real_box_table(real_cxr, tmp_path):
     extra = sum(sum(r.labels.values()) - len(r.regions) for r in boxed)
     assert extra > 100  # many boxed images list more findings than they have boxes for
     assert all(r.labels == {} and r.regions == {} for r in negatives)
+    # Data_Entry's Patient ID groups images: the 905 images come from fewer patients, each id its image's prefix
+    assert all(r.patient_id == str(int(r.image_id[:8])) for r in records)
+    assert len({r.patient_id for r in records}) < len(records)
     assert not {r.image_id for r in negatives} & {r.image_id for r in boxed}
     again = [r.image_id for r in NIHBoxDataModule(root=str(tmp_path), negatives=25, seed=3).load_records()[880:]]
     other = [r.image_id for r in NIHBoxDataModule(root=str(tmp_path), negatives=25, seed=4).load_records()[880:]]

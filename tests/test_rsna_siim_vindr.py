@@ -40,7 +40,7 @@ def test_rsna_real_table_counts(real_cxr):
     assert len(records) == 26_684
     assert sum(r.labels["Pneumonia"] for r in records) == 6_012
     assert sum(len(r.regions.get("Pneumonia", [])) for r in records) == 9_555
-    assert all(r.path == Path("/nonexistent") / f"{r.image_id}.dcm" for r in records[:10])
+    assert all(r.path == Path("/nonexistent") / f"{r.image_id}.dcm" and r.patient_id == r.image_id for r in records[:10])
     largest = max(b.x1 for r in records for b in r.regions.get("Pneumonia", []))
     assert largest <= 1024  # xywh -> xyxy stays in the 1024 frame
 

@@ -31,7 +31,9 @@ class Record:
     ``regions`` maps findings to their instances in original pixel coordinates;
     ``source`` names where the annotation came from (``file, row``) for error messages;
     ``region_sources`` (optional, parallel to ``regions``) gives each region's ``(file, row)``
-    so that a region that does not fit its image is reported at its own row.
+    so that a region that does not fit its image is reported at its own row;
+    ``patient_id`` (where the dataset records it) groups a patient's images: patient-level
+    resampling and splits use it, else each image is its own unit.
     """
 
     image_id: str
@@ -40,6 +42,7 @@ class Record:
     regions: dict[str, list[Region]] = field(default_factory=dict)
     source: str = ""
     region_sources: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    patient_id: str | None = None
 
     def add_region(self, finding: str, region: Region, file: str | Path, row: int) -> None:
         self.regions.setdefault(finding, []).append(region)
@@ -58,6 +61,7 @@ class Batch:
     on the eval grid that uniformly covers the original image; region_index ``[K, 2]``
     gives each pair's (sample, class) index.
     index ``[B]``: position of each sample in its dataset.
+    patient_ids: each sample's ``Record.patient_id`` (None where the dataset has none).
     counted ``[B]`` bool: False only for the stand-in sample a DDP rank without data of its own
     processes so that it takes part in the metric sync (``EvalDistributedSampler``), or a loader
     whose images were all skipped (``skip_ids``) processes so that the test epoch still ends;
@@ -75,6 +79,7 @@ class Batch:
     region_index: torch.Tensor
     index: torch.Tensor
     counted: torch.Tensor
+    patient_ids: list[str | None] = field(default_factory=list)
 
     @property
     def dataset(self) -> str:
@@ -106,6 +111,7 @@ class XBenchDataset(Dataset):
         return {
             "image": pixels,
             "image_id": record.image_id,
+            "patient_id": record.patient_id,
             "dataset": self.name,
             "original_size": torch.tensor([height, width]),
             "affine": affine,
@@ -151,6 +157,7 @@ def collate(samples: list[dict]) -> Batch:
         region_index=torch.cat(region_index),
         index=torch.tensor([s["index"] for s in samples]),
         counted=torch.tensor([s["counted"] for s in samples]),
+        patient_ids=[s["patient_id"] for s in samples],
     )
 
 

@@ -54,6 +54,12 @@ def cxr_id(path: str | Path) -> str:
     return "_".join(Path(path).with_suffix("").parts[-3:])
 
 
+def cxr_patient(path: str | Path) -> str | None:
+    """The patient folder of a CheXpert path (``.../patient64541/study1/view1_frontal.jpg``), or None."""
+    parts = Path(path).parts
+    return parts[-3] if len(parts) >= 3 and parts[-3].startswith("patient") else None
+
+
 class CheXlocalizeDataModule(XBenchDataModule):
     """CheXlocalize ground-truth segmentations with CheXpert labels.
 
@@ -131,7 +137,8 @@ class CheXlocalizeDataModule(XBenchDataModule):
             if image_id in records:
                 self.report(DataError(path, f"{image_id} is also at {records[image_id].source} with other labels", row=row["row"]))
                 continue
-            records[image_id] = Record(image_id, images.get(image_id), labels, {}, f"{path}, row {row['row']}")
+            records[image_id] = Record(image_id, images.get(image_id), labels, {}, f"{path}, row {row['row']}",
+                                       patient_id=cxr_patient(row["Path"]))
         return records
 
     @staticmethod

@@ -47,6 +47,7 @@ BOX_COLUMNS = ("image_id", "finding", "x", "y", "w", "h")
 NIH_BOX_CLASSES = dataset_classes("nih_bbox")
 NO_FINDING = "No Finding"
 ENTRY_COLUMNS = ("Image Index", "Finding Labels")
+PATIENT_COLUMN = "Patient ID"  # optional: the record's patient_id
 ENTRY_TABLES = ("Data_Entry_2017_v2020.csv*", "Data_Entry_2017.csv*")  # NIH's current release first, then Kaggle's
 
 
@@ -119,17 +120,22 @@ class NIHBoxDataModule(XBenchDataModule):
         return list(records.values())
 
     def read_entries(self, root: Path) -> pd.DataFrame | None:
-        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, row``); None if ``root`` has none."""
+        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, Patient ID, row``; an empty
+        ``Patient ID`` where the table has none); None if ``root`` has none."""
         path = find_one(root, ENTRY_TABLES, required=False)
         if path is None:
             return None
-        table = read_table(path, ENTRY_COLUMNS)[[*ENTRY_COLUMNS, "row"]]
+        table = read_table(path, ENTRY_COLUMNS)
+        if PATIENT_COLUMN not in table.columns:
+            table[PATIENT_COLUMN] = ""
+        table = table[[*ENTRY_COLUMNS, PATIENT_COLUMN, "row"]]
         table.attrs["path"] = path
         return table
 
     def add_entry_labels(self, entries: pd.DataFrame, records: dict[str, Record]) -> None:
         path = entries.attrs["path"]
-        for image_id, findings, row in entries[entries["Image Index"].isin(records.keys())].itertuples(index=False):
+        for image_id, findings, patient, row in entries[entries["Image Index"].isin(records.keys())].itertuples(index=False):
+            records[image_id].patient_id = patient or None
             if not findings:
                 self.report(DataError(path, "empty Finding Labels", row=row))
                 continue
@@ -151,8 +157,9 @@ class NIHBoxDataModule(XBenchDataModule):
         chosen = np.sort(np.random.default_rng(self.seed).choice(len(normal), self.negatives, replace=False))
         path = entries.attrs["path"]
         out = {}
-        for image_id, _, row in normal.iloc[chosen].itertuples(index=False):
-            out[image_id] = Record(image_id, images.get(image_id, default=self.root / "images"), {}, {}, f"{path}, row {row}")
+        for image_id, _, patient, row in normal.iloc[chosen].itertuples(index=False):
+            out[image_id] = Record(image_id, images.get(image_id, default=self.root / "images"), {}, {}, f"{path}, row {row}",
+                                   patient_id=patient or None)
         return out
 
 

@@ -53,7 +53,8 @@ def parse_rsna_labels(table_path: str | Path, image_dir: str | Path, report: Rep
         record = records.get(row.patientId)
         if record is None:
             path = image_dir / f"{row.patientId}.dcm"
-            record = records[row.patientId] = Record(row.patientId, path, {PNEUMONIA: 0}, {}, f"{table_path}, row {row.row}")
+            record = records[row.patientId] = Record(row.patientId, path, {PNEUMONIA: 0}, {}, f"{table_path}, row {row.row}",
+                                                    patient_id=row.patientId)
         if not positive:
             continue
         record.labels[PNEUMONIA] = 1  # Target 1: positive whether or not its box parses
