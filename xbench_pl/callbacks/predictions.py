@@ -61,6 +61,7 @@ class PredictionWriter(Callback):
         self.dtype, self.resume, self.shard_images = dtype, resume, shard_images
         self.config, self.model_name = config, model_name
         self.buffers: dict[str, list[dict]] = {}
+        self.buffered: dict[str, int] = {}  # dataset -> images in its buffer, kept as batches arrive
         self.pending: list[dict] = []  # stored shards this rank replays into the metrics
         self.resumed: dict[str, set[str]] = {}  # dataset -> image ids taken from the store
         self.written = 0
@@ -121,7 +122,7 @@ class PredictionWriter(Callback):
                 self.store.set_aside(bad)
         trainer.strategy.barrier("prediction_store_ready")
         self.token = f"{time.time_ns():x}-{os.getpid()}"
-        self.buffers, self.written = {}, 0
+        self.buffers, self.buffered, self.written = {}, {}, 0
 
     # -- resuming: stored images go into the metrics -----------------------------------------
     def on_test_epoch_start(self, trainer, pl_module) -> None:
@@ -162,11 +163,13 @@ class PredictionWriter(Callback):
             "labels": batch.labels[keep.to(batch.labels.device)].cpu().to(torch.uint8),
             "input_size": int(batch.images.shape[-1]),
         })
-        if sum(len(part["image_ids"]) for part in self.buffers[batch.dataset]) >= self.shard_images:
+        self.buffered[batch.dataset] = self.buffered.get(batch.dataset, 0) + len(keep)
+        if self.buffered[batch.dataset] >= self.shard_images:
             self.flush(trainer, batch.dataset)
 
     def flush(self, trainer, dataset: str) -> None:
         parts = self.buffers.pop(dataset, [])
+        self.buffered.pop(dataset, None)
         if not parts:
             return
         sizes = {part["input_size"] for part in parts}
