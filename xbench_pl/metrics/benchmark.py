@@ -10,9 +10,12 @@ The macro mean averages the classes where a value is defined; counts are summed.
 Beyond the paper (``EXTRA_KEYS``, after the paper's keys in every row): ``dice_tuned, iou_tuned,
 tau_tuned`` (Dice/IoU at a tau chosen per finding on a tuning run, ``tuned_thresholds``; None without
 one, and the table's ``tuning`` says so), ``dice_otsu, iou_otsu``, ``energy_pg``, ``specificity``,
-``map_similarity``, ``pg_lift``, ``dice_auc``, ``pixel_auroc`` (definitions in ``functional.py`` and the
-README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals, ``resampling.py``;
-None when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
+``map_similarity``, ``pg_lift``, ``dice_auc``, ``pixel_auroc``, ``dice_lift`` (definitions in ``functional.py``
+and the README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals of every
+pair-level, image-level and recognition key, resampling patients where known, ``resampling.py``; None
+when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
+With ``negatives=True`` every row also has ``neg_fp_rate, neg_mass`` over the (image, finding) pairs
+where the finding is absent (``NEGATIVE_KEYS``), fed by ``update(negatives=...)``.
 With ``cxl=True`` every row also has ``cxl_hit_rate, cxl_miou, cxl_miou_all``: CheXlocalize's hit rate and
 mIoU at each image's full resolution (``chexlocalize.py``), fed by ``update_cxl``.
 """
@@ -25,7 +28,15 @@ import torch
 from torch import nn
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
-from xbench_pl.metrics.functional import area_fraction, best_threshold, dice_auc, size_stratum
+from xbench_pl.metrics.functional import (
+    area_fraction,
+    best_threshold,
+    dice_auc,
+    negative_map_stats,
+    normalize_saliency,
+    size_stratum,
+    uniform_dice,
+)
 from xbench_pl.metrics.grounding import (
     FIXED_POINT_SCALE,
     DiceIoU,
@@ -37,20 +48,37 @@ from xbench_pl.metrics.grounding import (
     PixelAUROC,
     PointingGame,
     PointingLift,
+    from_fixed,
     shared_pass,
     to_fixed,
 )
-from xbench_pl.metrics.resampling import DEFAULT_SIZE_BOUNDS, SIZE_STRATA, bootstrap_intervals, strata_means
-from xbench_pl.metrics.recognition import Recognition
+from xbench_pl.metrics.functional import bootstrap_weights
+from xbench_pl.metrics.recognition import Recognition, replicate_recognition
+from xbench_pl.metrics.resampling import (
+    DEFAULT_SIZE_BOUNDS,
+    SIZE_STRATA,
+    ImageRecords,
+    intervals,
+    resampled_means,
+    strata_means,
+    unit_name,
+)
 
 COUNT_KEYS = ("n_pos", "n_neg", "n_regions")
 
 #: Keys beyond the paper's, appended to every row (the paper's keys and their values are unchanged).
 EXTRA_KEYS = ("dice_tuned", "iou_tuned", "tau_tuned", "dice_otsu", "iou_otsu", "energy_pg", "specificity",
-              "map_similarity", "pg_lift", "dice_auc", "pixel_auroc")
+              "map_similarity", "pg_lift", "dice_auc", "pixel_auroc", "dice_lift")
+
+#: Full-set mode (``negatives=True``): keys over the (image, finding) pairs where the finding is absent.
+NEGATIVE_KEYS = ("neg_fp_rate", "neg_mass")
 
 #: Per-pair values kept for every counted pair (``PairRecords``), besides the Dice/IoU curves.
-RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity", "size")
+RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity", "size",
+               "uniform_dice")
+
+#: Per-image values kept for every scored image and finding (``ImageRecords``), besides scores and labels.
+IMAGE_KEYS = ("map_similarity",) + NEGATIVE_KEYS
 
 
 def metric_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
@@ -63,7 +91,7 @@ def pair_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
     """The keys that are means over (image, finding) pairs: those with bootstrap intervals and size strata."""
     t = f"{fixed_threshold:g}"
     return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "dice_tuned", "iou_tuned", "dice_otsu",
-            "iou_otsu", "energy_pg", "specificity", "pg_lift", "dice_auc", "pixel_auroc")
+            "iou_otsu", "energy_pg", "specificity", "pg_lift", "dice_auc", "pixel_auroc", "dice_lift")
 
 
 def read_tuned_thresholds(path: str) -> dict[str, dict[str, float]]:
@@ -91,6 +119,12 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+def interval(pair: torch.Tensor) -> list | None:
+    """A ``[2]`` percentile interval as JSON: ``[low, high]``, or None where undefined."""
+    low, high = (_number(float(v)) for v in pair)
+    return None if low is None else [low, high]
+
+
 def _numbers(values: torch.Tensor) -> list:
     return [int(v) if isinstance(v, int) else _number(v) for v in values.cpu().tolist()]
 
@@ -100,14 +134,16 @@ class BenchmarkMetrics(nn.Module):
 
     def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
-                 tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False):
+                 tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False,
+                 negatives: bool = False):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
         self.recognition = Recognition(c, threshold=score_threshold)
         self.pointing = PointingGame(c)
         self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
-        self.keys = metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ())
+        self.keys = metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ()) + (NEGATIVE_KEYS if negatives else ())
+        self.negatives = bool(negatives)
         # CheXlocalize-comparable mode (``chexlocalize.py``): fed by ``update_cxl`` at full resolution
         self.cxl = CheXlocalizeMode(c) if cxl else None
         self.curves: dict = {}
@@ -125,14 +161,22 @@ class BenchmarkMetrics(nn.Module):
         self.specificity = FindingSpecificity(c)
         self.similarity = MapSimilarity(c)
         self.records = PairRecords(RECORD_KEYS, self.dice_iou.thresholds.numel())
+        self.images = ImageRecords(c, IMAGE_KEYS)
         self.keyed = True  # every update gave image keys (bootstrap and specificity need them)
+        self.images_keyed = True  # every update gave sample keys (intervals of image-level and recognition keys)
 
     @shared_pass()  # the grounding metrics share one fused pass over the maps (kernels.py)
     def update(self, scores, labels, maps, masks, class_index, image_keys: torch.Tensor | None = None,
-               saliency: torch.Tensor | None = None) -> None:
+               saliency: torch.Tensor | None = None, unit_keys: torch.Tensor | None = None,
+               sample_keys: torch.Tensor | None = None, sample_units: torch.Tensor | None = None,
+               negatives: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         """``image_keys [N]`` int64: each pair's image (``resampling.image_key`` of its id), needed by
-        ``specificity`` and the bootstrap; ``saliency [B, C, h, w]``: every finding's map of the scored
-        images (``map_similarity``). Either may be left out: those keys are then not reported."""
+        ``specificity`` and the bootstrap; ``unit_keys [N]``: each pair's bootstrap unit (``resampling.unit_key``:
+        its patient where known; default its image); ``sample_keys``, ``sample_units`` ``[B]``: the same per
+        scored image (the intervals of recognition and image-level keys need them); ``saliency [B, C, h, w]``:
+        every finding's map of the scored images (``map_similarity``). Any may be left out: what needs it
+        is then not reported. ``negatives``: ``(maps [M, H, W], class [M], row [M])``, the eval-grid maps of
+        (image, finding) pairs where the finding is absent, ``row`` indexing ``scores`` (``negatives=True``)."""
         self.recognition.update(scores, labels)
         self.pointing.update(maps, masks, class_index)
         self.dice_iou.update(maps, masks, class_index)
@@ -153,9 +197,35 @@ class BenchmarkMetrics(nn.Module):
                   "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
                   "specificity": specificity[keep.to(specificity.device)],
                   "size": size_stratum(area_fraction(masks[keep]), self.size_bounds).double()}  # stratum, exact in fixed point
-        self.records.update(image_keys[keep.cpu()], class_index[keep].cpu(), values, dice, iou)
+        values["uniform_dice"] = uniform_dice(masks[keep])
+        pair_units = image_keys if unit_keys is None else torch.as_tensor(unit_keys, dtype=torch.long)
+        self.records.update(image_keys[keep.cpu()], class_index[keep].cpu(), values, dice, iou, unit=pair_units[keep.cpu()])
+        b, c = scores.shape
+        per_image = {k: torch.full((b, c), float("nan"), dtype=torch.float64) for k in IMAGE_KEYS}
         if saliency is not None:
             self.similarity.update(saliency)
+            per_image["map_similarity"] = self.similarity.last.cpu()
+        if negatives is not None:
+            if not self.negatives:
+                raise ValueError("update: negatives given to a BenchmarkMetrics built without negatives=True")
+            self._negatives(per_image, *negatives)
+        if sample_keys is None:
+            self.images_keyed = False
+            sample_keys = torch.zeros(b, dtype=torch.long)
+        sample_keys = torch.as_tensor(sample_keys, dtype=torch.long)
+        units = sample_keys if sample_units is None else torch.as_tensor(sample_units, dtype=torch.long)
+        self.images.update(sample_keys, units, scores, labels, per_image)
+
+    def _negatives(self, per_image: dict, maps: torch.Tensor, cls: torch.Tensor, row: torch.Tensor) -> None:
+        """Each negative pair's ``neg_fp_rate`` and ``neg_mass`` (``functional.negative_map_stats`` of the
+        ``normalize``d map at the fixed threshold) into its image's row."""
+        if maps.shape[0] == 0:
+            return
+        threshold = float(self.dice_iou.thresholds[self.dice_iou.fixed_index])
+        fp_rate, mass = negative_map_stats(normalize_saliency(maps, self.dice_iou.normalize), threshold)
+        row, cls = row.long().cpu(), cls.long().cpu()
+        per_image["neg_fp_rate"][row, cls] = fp_rate.cpu()
+        per_image["neg_mass"][row, cls] = mass.cpu()
 
     def update_cxl(self, pairs) -> None:
         """Feed the CheXlocalize-comparable metrics: ``(full_map, region, class)`` per (image, finding),
@@ -164,8 +234,18 @@ class BenchmarkMetrics(nn.Module):
             raise ValueError("update_cxl: this BenchmarkMetrics was built without cxl=True")
         self.cxl.update(pairs)
 
+    def sample_state(self) -> dict:
+        """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),
+        ``pairs`` (``PairRecords``, sorted by image and class), ``images`` (``ImageRecords``, sorted by image)."""
+        records = self.records.compute()
+        # torchmetrics squeezes one-element results: restore [P], [P, K], [P, T]
+        width = {"values": len(RECORD_KEYS), "defined": len(RECORD_KEYS), "dice": self.records.n_thresholds, "iou": self.records.n_thresholds}
+        records = {k: v.reshape(-1, width[k]) if k in width else v.reshape(-1) for k, v in records.items()}
+        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": self.images.compute()}
+
     def compute(self) -> dict:
-        rec, grounding = self.recognition.compute(), self.dice_iou.compute()
+        state = self.sample_state()
+        rec, grounding = self.recognition.compute(), state["grounding"]
         columns = {
             self.keys[0]: self.pointing.compute(),
             self.keys[1]: grounding["dice_fixed"],
@@ -183,7 +263,7 @@ class BenchmarkMetrics(nn.Module):
                                                "accuracy": _numbers(rec["bin_accuracy"][i])}}
                         for i, name in enumerate(self.classes)},
         }
-        columns.update(self._extra_columns(grounding))
+        columns.update(self._extra_columns(grounding, state))
         if self.cxl is not None:
             columns.update(self.cxl.compute())
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
@@ -200,7 +280,7 @@ class BenchmarkMetrics(nn.Module):
             defined = [row[k] for row in classes.values() if row[k] is not None]
             mean[k] = sum(defined) / len(defined) if defined else None
         mean.update({k: sum(row[k] for row in classes.values()) for k in COUNT_KEYS})
-        ci, by_size = self._resampled(grounding)
+        ci, by_size = self._resampled(state)
         return {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
 
     # -- beyond the paper ------------------------------------------------------------------------
@@ -228,7 +308,13 @@ class BenchmarkMetrics(nn.Module):
             note += f"; no tuned tau for {', '.join(missing)} (tuned keys null there)"
         return {"source": self.tuning_source, "note": note}
 
-    def _extra_columns(self, grounding: dict) -> dict[str, torch.Tensor]:
+    def _class_means(self, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
+        """Per class the mean of fixed-point ``values [P]`` over the defined ones ``[C]`` (NaN where none)."""
+        c = len(self.classes)
+        total = torch.zeros(c, dtype=torch.long).index_add_(0, cls, values * defined)
+        return from_fixed(total, torch.zeros(c, dtype=torch.long).index_add_(0, cls, defined))
+
+    def _extra_columns(self, grounding: dict, state: dict) -> dict[str, torch.Tensor]:
         c = len(self.classes)
         thresholds = self.dice_iou.thresholds.cpu()
         dice, iou = grounding["dice_curve"].cpu().reshape(c, -1), grounding["iou_curve"].cpu().reshape(c, -1)
@@ -247,6 +333,14 @@ class BenchmarkMetrics(nn.Module):
             "pg_lift": self.lift.compute(),
             "dice_auc": dice_auc(dice, thresholds),
             "pixel_auroc": self.pixel_auroc.compute(),
+            # Dice at tau_best over what the uniform map scores on the same pairs (its best: tau = 0)
+            "dice_lift": grounding["dice_best"].cpu().reshape(c) - self._class_means(
+                state["pairs"]["cls"], state["pairs"]["values"][:, RECORD_KEYS.index("uniform_dice")],
+                state["pairs"]["defined"][:, RECORD_KEYS.index("uniform_dice")]),
+            **{key: self._class_means(torch.arange(c).repeat(state["images"]["image"].numel()),
+                                      state["images"]["values"][:, :, IMAGE_KEYS.index(key)].flatten(),
+                                      state["images"]["defined"][:, :, IMAGE_KEYS.index(key)].flatten())
+               for key in (NEGATIVE_KEYS if self.negatives else ())},
         }
 
     def _pair_values(self, grounding: dict, records: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,6 +359,7 @@ class BenchmarkMetrics(nn.Module):
             "dice_tuned": (pick(records["dice"], tuned), (tuned[cls] >= 0).long()),
             "iou_tuned": (pick(records["iou"], tuned), (tuned[cls] >= 0).long()),
             "dice_auc": (curve_auc, ones),
+            "dice_lift": (pick(records["dice"], best) - stored[:, column["uniform_dice"]], defined[:, column["uniform_dice"]]),
         }
         values, flags = [], []
         for key in pair_keys(self.dice_iou.fixed_threshold):
@@ -278,11 +373,38 @@ class BenchmarkMetrics(nn.Module):
             flags.append(d)
         return torch.stack(values, 1) if values else torch.zeros(p, 0, dtype=torch.long), torch.stack(flags, 1)
 
-    def _resampled(self, grounding: dict) -> tuple[dict | None, dict]:
-        records = self.records.compute()  # synced and sorted by (image key, class) on every rank
-        # torchmetrics squeezes one-element results: restore [P], [P, K], [P, T]
-        width = {"values": len(RECORD_KEYS), "defined": len(RECORD_KEYS), "dice": self.records.n_thresholds, "iou": self.records.n_thresholds}
-        records = {k: v.reshape(-1, width[k]) if k in width else v.reshape(-1) for k, v in records.items()}
+    def replicates(self, state: dict, universe: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every key with an interval, per bootstrap replicate and class ``{key: [R, C]}`` (float64, NaN where
+        undefined in a replicate): ``state`` from ``sample_state``, ``universe`` the sorted unit keys, ``weights
+        [R, U]`` how often each unit is drawn. The pair keys and, where every update gave sample keys, the
+        image-level keys and the recognition keys (``recognition.replicate_recognition``) on the same draws."""
+        records, images, c = state["pairs"], state["images"], len(self.classes)
+        values, defined = self._pair_values(state["grounding"], records)
+        per_pair = resampled_means(torch.searchsorted(universe, records["unit"]), records["cls"], values, defined, c, weights)
+        out = {k: per_pair[:, :, i] for i, k in enumerate(pair_keys(self.dice_iou.fixed_threshold))}
+        if not self.images_keyed:
+            return out
+        n, index = images["image"].numel(), torch.searchsorted(universe, images["unit"])
+        per_image = resampled_means(index.repeat_interleave(c), torch.arange(c).repeat(n), images["values"].reshape(n * c, -1),
+                                    images["defined"].reshape(n * c, -1), c, weights)
+        reported = (("map_similarity",) if self.similarity.update_called else ()) + (NEGATIVE_KEYS if self.negatives else ())
+        out.update({k: per_image[:, :, IMAGE_KEYS.index(k)] for k in reported})
+        out.update(replicate_recognition(images["scores"], images["labels"], weights[:, index], self.recognition.threshold,
+                                         self.recognition.n_bins))
+        return out
+
+    def units(self, state: dict) -> tuple[torch.Tensor, str]:
+        """The sorted unit keys the bootstrap draws from (of every counted pair and scored image) and what
+        they are (``resampling.unit_name``)."""
+        pairs, images = state["pairs"], state["images"]
+        if self.images_keyed:
+            image, unit = torch.cat([pairs["image"], images["image"]]), torch.cat([pairs["unit"], images["unit"]])
+        else:
+            image, unit = pairs["image"], pairs["unit"]
+        return torch.unique(unit, sorted=True), unit_name(image, unit)
+
+    def _resampled(self, state: dict) -> tuple[dict | None, dict]:
+        records, grounding = state["pairs"], state["grounding"]  # synced and sorted by (image key, class) on every rank
         keys = pair_keys(self.dice_iou.fixed_threshold)
         c = len(self.classes)
         values, defined = self._pair_values(grounding, records)
@@ -308,18 +430,16 @@ class BenchmarkMetrics(nn.Module):
             by_size["mean"][s] = macro
         if self.bootstrap == 0 or cls.numel() == 0 or not self.keyed:
             return None, by_size
-        boot = bootstrap_intervals(records["image"], cls, values, defined, c, self.bootstrap, self.bootstrap_seed)
-
-        def interval(pair: torch.Tensor) -> list | None:
-            low, high = (_number(float(v)) for v in pair)
-            return None if low is None else [low, high]
-
-        ci = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": "image",
-              "mean": {k: interval(boot["mean"][i]) for i, k in enumerate(keys)},
-              "classes": {name: {k: interval(boot["classes"][j, i]) for i, k in enumerate(keys)} for j, name in enumerate(self.classes)}}
+        universe, unit = self.units(state)
+        replicates = self.replicates(state, universe, bootstrap_weights(universe.numel(), self.bootstrap, self.bootstrap_seed))
+        boot = {k: intervals(v[:, :, None]) for k, v in replicates.items()}
+        ci = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
+              "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
+              "classes": {name: {k: interval(b["classes"][j, 0]) for k, b in boot.items()} for j, name in enumerate(self.classes)}}
         return ci, by_size
 
     def reset(self) -> None:
         for metric in (self.recognition, self.pointing, self.dice_iou, self.energy, self.lift, self.otsu, self.pixel_auroc,
-                       self.specificity, self.similarity, self.records):
+                       self.specificity, self.similarity, self.records, self.images):
             metric.reset()
+        self.keyed = self.images_keyed = True

@@ -148,6 +148,26 @@ def pointing_lift(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return pointing_game(maps, masks) - area_fraction(masks)
 
 
+def uniform_dice(masks: torch.Tensor) -> torch.Tensor:
+    """Per pair, the Dice the ``uniform`` baseline (a constant map) scores at its best threshold ``[N]``
+    (float64): normalised, a constant map is 0 everywhere (``normalize_saliency``), so ``{m >= 0}`` is the
+    whole image and every higher threshold selects nothing (Dice 0); the whole image against a region of
+    area fraction ``a`` has Dice ``2a / (1 + a)``. NaN for an empty region."""
+    a = area_fraction(masks)
+    return torch.where(a > 0, 2 * a / (1 + a), torch.full_like(a, float("nan")))
+
+
+def negative_map_stats(maps: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For normalised maps of (image, finding) pairs where the finding is absent ``[N, H, W]``: the
+    fraction of pixels the map marks at ``threshold`` (``m >= threshold``, Dice's rule: any marked pixel
+    is a false positive) and the mean of ``max(m, 0)`` (its mass as a share of an all-ones map), two ``[N]``
+    float64, in [0, 1] for maps normalised to [0, 1]."""
+    flat = maps.flatten(1)
+    _raise_if_not_finite(flat.sum(1))
+    marked = (flat >= torch.tensor(threshold, dtype=flat.dtype, device=flat.device)).sum(1)
+    return marked.double() / flat.shape[1], flat.double().clamp_min(0).mean(1)
+
+
 def energy_pointing(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """Energy pointing game per pair: the share of the map's mass inside the region,
     ``sum_G m+ / sum m+`` with ``m+ = max(m, 0)`` ``[N]`` (float64) in [0, 1]. Pass normalised maps

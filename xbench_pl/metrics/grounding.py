@@ -332,9 +332,11 @@ class MapSimilarity(Metric):
         if saliency.dim() != 4 or saliency.shape[1] != self.num_classes:
             raise ValueError(f"expected saliency [B, {self.num_classes}, h, w], got {tuple(saliency.shape)}")
         if self.num_classes < 2 or saliency.shape[0] == 0:
+            self.last = torch.full(saliency.shape[:2], float("nan"), dtype=torch.float64)
             self.images = self.images + saliency.shape[0]
             return
-        self.total = self.total + to_fixed(map_similarity(saliency)).sum(0).to(self.total.device)
+        self.last = map_similarity(saliency)  # per image [B, C], for the bootstrap (BenchmarkMetrics)
+        self.total = self.total + to_fixed(self.last).sum(0).to(self.total.device)
         self.images = self.images + saliency.shape[0]
 
     def compute(self) -> torch.Tensor:
@@ -345,34 +347,39 @@ class MapSimilarity(Metric):
 
 class PairRecords(Metric):
     """Every counted pair's values, for statistics that need each sample (bootstrap intervals, size
-    strata): per pair its image's key (int64, ``image_key``), class, values of ``keys`` in fixed point
+    strata): per pair its image's key (int64, ``image_key``), its bootstrap unit's key (``unit_key``), class, values of ``keys`` in fixed point
     with a defined flag, and its Dice and IoU curves in fixed point. ``compute`` returns them sorted by
     (image key, class): the same order on 1 or N processes."""
 
     full_state_update = False
     is_differentiable = False
 
+    NAMES = ("image", "unit", "cls", "values", "defined", "dice", "iou")
+
     def __init__(self, keys: tuple[str, ...], n_thresholds: int, **kwargs):
         super().__init__(**kwargs)
         self.keys, self.n_thresholds = tuple(keys), n_thresholds
-        for name in ("image", "cls", "values", "defined", "dice", "iou"):
+        for name in self.NAMES:
             self.add_state(name, [], dist_reduce_fx="cat")
         self._prime()
 
     def _prime(self) -> None:
         """One empty batch of the right shapes: a DDP rank without pairs syncs like the others."""
         k, t = len(self.keys), self.n_thresholds
-        for name, shape in (("image", (0,)), ("cls", (0,)), ("values", (0, k)), ("defined", (0, k)), ("dice", (0, t)), ("iou", (0, t))):
+        for name, shape in (("image", (0,)), ("unit", (0,)), ("cls", (0,)), ("values", (0, k)), ("defined", (0, k)), ("dice", (0, t)), ("iou", (0, t))):
             getattr(self, name).append(torch.zeros(shape, dtype=torch.long, device=self.device))
 
     def reset(self) -> None:
         super().reset()
         self._prime()
 
-    def update(self, image: torch.Tensor, cls: torch.Tensor, values: dict[str, torch.Tensor], dice: torch.Tensor, iou: torch.Tensor) -> None:
+    def update(self, image: torch.Tensor, cls: torch.Tensor, values: dict[str, torch.Tensor], dice: torch.Tensor, iou: torch.Tensor,
+               unit: torch.Tensor | None = None) -> None:
+        """``unit [N]``: each pair's bootstrap unit (default: its image)."""
         stacked = torch.stack([values[k].double().cpu() for k in self.keys], dim=1) if self.keys else torch.zeros(len(cls), 0, dtype=torch.float64)
         ok = ~torch.isnan(stacked)
         self.image.append(image.long().to(self.device))
+        self.unit.append((image if unit is None else unit).long().to(self.device))
         self.cls.append(cls.long().to(self.device))
         self.values.append(to_fixed(torch.nan_to_num(stacked, nan=0.0)).to(self.device))
         self.defined.append(ok.long().to(self.device))
@@ -382,7 +389,7 @@ class PairRecords(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         from torchmetrics.utilities import dim_zero_cat
 
-        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in ("image", "cls", "values", "defined", "dice", "iou")}
+        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
         order = torch.argsort(out["cls"], stable=True)
         order = order[torch.argsort(out["image"][order], stable=True)]
         return {name: value[order] for name, value in out.items()}

@@ -95,3 +95,59 @@ class Recognition(Metric):
     def reset(self) -> None:
         super().reset()
         self._prime()
+
+
+#: The recognition keys recomputed per bootstrap replicate (``replicate_recognition``).
+RECOGNITION_KEYS = ("auroc", "auprc", "f1", "hamming_acc", "ece")
+
+
+def replicate_recognition(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, threshold: float = 0.5,
+                          n_bins: int = CALIBRATION_BINS) -> dict[str, torch.Tensor]:
+    """Every ``RECOGNITION_KEYS`` value per bootstrap replicate and class ``{key: [R, C]}`` (float64), where
+    replicate r counts image n ``weights[r, n]`` times (``scores [N, C]``, 0/1 ``labels [N, C]``, int64
+    ``weights [R, N]``). With all weights 1 these are ``auroc``, ``average_precision``, ``f1_accuracy`` and
+    ``expected_calibration_error`` (the latter to 1e-12: scores enter its bin sums in int64 fixed point).
+
+    Vectorised over replicates: per class one sort of the scores, then weighted cumulative counts at the
+    end of each distinct score (int64, exact) give every replicate's ROC and precision-recall points;
+    F1, accuracy and the calibration bins are weighted int64 counts. NaN where a replicate lacks what
+    the key needs (AUROC: positives and negatives; AUPRC: positives).
+    """
+    from xbench_pl.metrics.grounding import FIXED_POINT_SCALE, to_fixed
+
+    scores, labels, weights = scores.double(), labels.long(), weights.long()
+    r, c = weights.shape[0], scores.shape[1]
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    out = {k: torch.full((r, c), float("nan"), dtype=torch.float64) for k in RECOGNITION_KEYS}
+    if scores.shape[0] == 0:
+        return out
+    predicted, positive = (scores > threshold).long(), labels
+    tp, fp = weights @ (predicted * positive), weights @ (predicted * (1 - positive))
+    fn, tn = weights @ ((1 - predicted) * positive), weights @ ((1 - predicted) * (1 - positive))
+    total = tp + fp + fn + tn
+    out["f1"] = torch.where(2 * tp + fp + fn > 0, (2 * tp).double() / (2 * tp + fp + fn).clamp_min(1).double(), 0.0)
+    out["hamming_acc"] = torch.where(total > 0, (tp + tn).double() / total.clamp_min(1).double(), nan)
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
+    fixed = to_fixed(scores)
+    for k in range(c):
+        order = torch.argsort(scores[:, k], descending=True, stable=True)
+        ranked, y, w = scores[order, k], labels[order, k], weights[:, order]
+        last = torch.cat([torch.nonzero(ranked[1:] != ranked[:-1]).flatten(), torch.tensor([ranked.numel() - 1])])
+        tps, fps = (w * y).cumsum(1)[:, last], (w * (1 - y)).cumsum(1)[:, last]  # [R, distinct scores]
+        p, n = tps[:, -1], fps[:, -1]
+        zero = torch.zeros(r, 1, dtype=torch.long)
+        tp0, fp0 = torch.cat([zero, tps], 1), torch.cat([zero, fps], 1)
+        twice_area = ((fp0[:, 1:] - fp0[:, :-1]) * (tp0[:, 1:] + tp0[:, :-1])).sum(1)
+        out["auroc"][:, k] = torch.where((p > 0) & (n > 0), twice_area.double() / (2 * p * n).clamp_min(1).double(), nan)
+        gained = (tp0[:, 1:] - tp0[:, :-1]).double()
+        precision = torch.where(tps + fps > 0, tps.double() / (tps + fps).clamp_min(1).double(), 0.0)
+        out["auprc"][:, k] = torch.where(p > 0, (gained * precision).sum(1) / p.clamp_min(1).double(), nan)
+        # calibration: per bin the weighted count, positives and score sum (fixed point), as reliability_bins bins
+        bins = (torch.bucketize(scores[:, k].contiguous(), edges, right=True) - 1).clamp(0, n_bins - 1)
+        count = torch.zeros(r, n_bins, dtype=torch.long).index_add_(1, bins, weights)
+        hits = torch.zeros(r, n_bins, dtype=torch.long).index_add_(1, bins, weights * labels[:, k])
+        mass = torch.zeros(r, n_bins, dtype=torch.long).index_add_(1, bins, weights * fixed[:, k])
+        gap = (hits * FIXED_POINT_SCALE - mass).abs().sum(1)
+        drawn = count.sum(1)
+        out["ece"][:, k] = torch.where(drawn > 0, gap.double() / (drawn.double() * FIXED_POINT_SCALE), nan)
+    return out

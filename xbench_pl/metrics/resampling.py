@@ -1,15 +1,18 @@
-"""Statistics over every counted pair (``grounding.PairRecords``): bootstrap intervals and size strata.
+"""Statistics over every counted pair (``grounding.PairRecords``) and image (``ImageRecords``):
+bootstrap intervals and size strata.
 
-Both are computed once, after the DDP sync, from per-pair values in int64 fixed point sorted by
-(image key, class): every rank holds the same records in the same order, the resample weights
-come from a seeded generator and the resampled sums are int64 matrix products, so 1 and N
+Both are computed once, after the DDP sync, from per-pair and per-image values kept exactly (int64
+fixed point, float64 scores) and sorted by image key: every rank holds the same records in the same
+order, the resample weights come from a seeded generator and the resampled sums are int64, so 1 and N
 processes give the same digits. Nothing here re-runs a model.
 
-Bootstrap: the unit is the image (no dataset here carries patient ids; a patient-aware unit is
-``units=`` per pair). Each of ``resamples`` replicates draws as many units as there are, with
-replacement; a replicate's value of a key is the mean over the drawn pairs (a unit drawn twice
-counts twice) per class, and its macro mean over the classes defined in that replicate. The
-interval is the 2.5 and 97.5 percentiles of the replicates (linear interpolation).
+Bootstrap: the unit is the patient where the dataset records one (``unit_key``), else the image. The
+units of a dataset are the sorted unique unit keys of its scored images and counted pairs; each of
+``resamples`` replicates draws as many units as there are, with replacement (``bootstrap_weights``), and
+every key of the table (pair means, image means, recognition) is recomputed on the same draws: a unit
+drawn twice counts twice. A replicate's value of a mean is the weighted mean per class, and its macro
+mean over the classes defined in that replicate. The interval is the 2.5 and 97.5 percentiles of the
+replicates (linear interpolation).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import hashlib
 
 import torch
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
-from xbench_pl.metrics.grounding import from_fixed
+from xbench_pl.metrics.grounding import from_fixed, to_fixed
 
 #: Size strata by the region's share of the image: names and default bounds (small < 1 %, large >= 10 %).
 SIZE_STRATA = ("small", "medium", "large")
@@ -31,31 +36,105 @@ def image_key(image_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(str(image_id).encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def _unit_sums(units: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor, num_classes: int):
-    """Per unit (sorted unique ``units``) and (class, key): fixed-point sums and defined counts ``[U, C*K]``."""
-    _, inverse = torch.unique(units, sorted=True, return_inverse=True)
-    n_units, k = int(inverse.max()) + 1 if units.numel() else 0, values.shape[1]
+def unit_key(image_id: str, patient_id: str | None = None) -> int:
+    """The bootstrap unit of an image: its patient where the dataset records one, else the image itself
+    (``image_key``; a patient's key is hashed with a prefix, so it never equals an image's)."""
+    return image_key(image_id) if patient_id is None else image_key(f"patient:{patient_id}")
+
+
+def unit_name(image_keys: torch.Tensor, unit_keys: torch.Tensor) -> str:
+    """What the bootstrap resampled, as the report says it: ``patient``, ``image``, or both where only some
+    images have a patient id."""
+    by_patient = image_keys != unit_keys
+    if by_patient.numel() and bool(by_patient.all()):
+        return "patient"
+    return "patient where known, else image" if bool(by_patient.any()) else "image"
+
+
+def resampled_means(index: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor,
+                    num_classes: int, weights: torch.Tensor) -> torch.Tensor:
+    """Per replicate the weighted mean per (class, key) ``[R, C, K]`` (float64, NaN where no drawn pair
+    is defined): ``index [P]`` each pair's unit (a column of ``weights [R, U]``), ``values [P, K]`` int64
+    fixed point, ``defined [P, K]`` 0/1. Sums per unit first, then one int64 product with the weights."""
+    k, n_units = values.shape[1], weights.shape[1]
     column = (cls[:, None] * k + torch.arange(k)[None, :]).flatten()
-    row = inverse[:, None].expand(-1, k).flatten()
+    row = index[:, None].expand(-1, k).flatten()
     sums = torch.zeros(n_units, num_classes * k, dtype=torch.long).index_put_((row, column), (values * defined).flatten(), accumulate=True)
     counts = torch.zeros(n_units, num_classes * k, dtype=torch.long).index_put_((row, column), defined.flatten(), accumulate=True)
-    return sums, counts
+    return from_fixed(weights @ sums, weights @ counts).view(weights.shape[0], num_classes, k)
+
+
+def intervals(replicates: torch.Tensor, level: float = 0.95) -> dict[str, torch.Tensor]:
+    """From replicates ``[R, C, K]``: ``classes [C, K, 2]`` and the macro mean's ``mean [K, 2]`` (the mean over
+    the classes defined in each replicate)."""
+    return {"classes": percentile_interval(replicates, level), "mean": percentile_interval(replicates.nanmean(1), level)}
 
 
 def bootstrap_intervals(units: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor,
-                        num_classes: int, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, torch.Tensor]:
+                        num_classes: int, resamples: int = 1000, seed: int = 0, level: float = 0.95,
+                        universe: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Percentile bootstrap intervals of per-class means and their macro mean.
 
     ``units [P]`` int64 (the resampling unit of each pair), ``cls [P]``, ``values [P, K]`` int64 fixed
-    point, ``defined [P, K]`` 0/1. Returns ``classes [C, K, 2]`` and ``mean [K, 2]`` (float64, NaN where
-    no replicate is defined) and ``replicates [R, C, K]``.
+    point, ``defined [P, K]`` 0/1; ``universe``: the sorted unit keys drawn from (default: those of the
+    pairs). Returns ``classes [C, K, 2]`` and ``mean [K, 2]`` (float64, NaN where no replicate is defined)
+    and ``replicates [R, C, K]``.
     """
-    k = values.shape[1]
-    sums, counts = _unit_sums(units, cls, values, defined, num_classes)
-    weights = bootstrap_weights(sums.shape[0], resamples, seed)
-    per_class = from_fixed(weights @ sums, weights @ counts).view(resamples, num_classes, k)
-    macro = per_class.nanmean(1)  # classes defined in the replicate; NaN if none
-    return {"classes": percentile_interval(per_class, level), "mean": percentile_interval(macro, level), "replicates": per_class}
+    universe = torch.unique(units, sorted=True) if universe is None else universe
+    weights = bootstrap_weights(universe.numel(), resamples, seed)
+    per_class = resampled_means(torch.searchsorted(universe, units), cls, values, defined, num_classes, weights)
+    return {**intervals(per_class, level), "replicates": per_class}
+
+
+class ImageRecords(Metric):
+    """Every scored image's record, for the bootstrap of image-level keys: its image key and unit key
+    (int64), scores ``[C]`` (float64) and labels ``[C]``, and per-class values of ``keys`` in fixed point
+    with a defined flag ``[C, K]``. ``compute`` returns them sorted by image key: the same order on 1 or N
+    processes."""
+
+    full_state_update = False
+    is_differentiable = False
+    NAMES = ("image", "unit", "scores", "labels", "values", "defined")
+
+    def __init__(self, num_classes: int, keys: tuple[str, ...], **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.keys = num_classes, tuple(keys)
+        for name in self.NAMES:
+            self.add_state(name, [], dist_reduce_fx="cat")
+        self._prime()
+
+    def _shapes(self) -> dict:
+        c, k = self.num_classes, len(self.keys)
+        return {"image": ((0,), torch.long), "unit": ((0,), torch.long), "scores": ((0, c), torch.float64),
+                "labels": ((0, c), torch.long), "values": ((0, c, k), torch.long), "defined": ((0, c, k), torch.long)}
+
+    def _prime(self) -> None:
+        """One empty batch of the right shapes: a DDP rank without images syncs like the others."""
+        for name, (shape, dtype) in self._shapes().items():
+            getattr(self, name).append(torch.zeros(shape, dtype=dtype, device=self.device))
+
+    def reset(self) -> None:
+        super().reset()
+        self._prime()
+
+    def update(self, image: torch.Tensor, unit: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
+               values: dict[str, torch.Tensor]) -> None:
+        """``values``: per key ``[B, C]`` float (NaN where undefined)."""
+        b = image.numel()
+        stacked = (torch.stack([values[k].double().cpu() for k in self.keys], dim=2) if self.keys
+                   else torch.zeros(b, self.num_classes, 0, dtype=torch.float64))
+        ok = ~torch.isnan(stacked)
+        for name, value in (("image", image.long()), ("unit", unit.long()), ("scores", scores.detach().double()),
+                            ("labels", labels.long()), ("values", to_fixed(torch.nan_to_num(stacked, nan=0.0))),
+                            ("defined", ok.long())):
+            getattr(self, name).append(value.to(self.device))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, (shape, _) in self._shapes().items():  # torchmetrics squeezes one-element results: restore the shapes
+            out[name] = dim_zero_cat(getattr(self, name)).cpu().reshape(-1, *shape[1:])
+        order = torch.argsort(out["image"], stable=True)
+        return {name: value[order] for name, value in out.items()}
 
 
 def strata_means(stratum: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor,

@@ -4,14 +4,23 @@ A model subclasses ``ZeroShotModel``, sets ``self.preprocess`` (its own input sp
 implements ``zero_shot``. ``test_step`` maps each saliency map back to its original image
 through the batch's affine and feeds the benchmark metrics; nothing model-specific there. It
 returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never recompute).
+
+Fine-tuning (``python -m xbench_pl fit``) is shared too: ``training_step`` (binary cross-entropy of
+the model's logits against the labels), ``validation_step`` (``test_step``'s own path into separate
+metrics, computed, logged and reset every epoch) and ``configure_optimizers`` (AdamW over the
+parameters that ``trainable``, else the family's ``TRAINABLE``, selects; the rest is frozen).
 """
 
 from __future__ import annotations
 
+import inspect
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
@@ -20,7 +29,10 @@ from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import read_tuned_thresholds
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
-from xbench_pl.metrics.resampling import image_key
+from xbench_pl.metrics.resampling import image_key, unit_key
+
+#: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
+SCORE_EPS = 1e-6
 
 
 @dataclass
@@ -62,7 +74,8 @@ class ZeroShotModel(L.LightningModule):
         fixed_threshold: the fixed Dice/IoU threshold (on the 0.01 grid).
         score_threshold: threshold on scores for F1 and Hamming accuracy.
         bootstrap: bootstrap resamples for the 95 % intervals in ``ci`` (0 = off), from per-pair values
-            (``xbench_pl.metrics.resampling``); ``bootstrap_seed`` seeds them.
+            (``xbench_pl.metrics.resampling``), resampling patients where the dataset records them
+            (``Batch.patient_ids``), else images; ``bootstrap_seed`` seeds them.
         size_strata: the area fractions separating small | medium | large regions in ``by_size``.
         tune_from: a tuning run's ``metrics.json`` (or its folder): each finding's ``tau_best`` there is
             applied unchanged (``dice_tuned``, ``iou_tuned``, ``tau_tuned``); None: not reported, and
@@ -70,19 +83,44 @@ class ZeroShotModel(L.LightningModule):
         cxl: also report CheXlocalize's hit rate and mIoU (``cxl_hit_rate``, ``cxl_miou``,
             ``cxl_miou_all``), judged as their evaluation code judges at each image's full resolution
             (``xbench_pl.metrics.chexlocalize``): every finding of every image, ~0.1 s each on a CPU.
+        negatives: full-set mode: also judge the maps of (image, finding) pairs where the finding is absent
+            on the eval grid (``neg_fp_rate``, ``neg_mass``; off by default: the paper's keys are unchanged).
+        trainable: regexes (``re.search``) of the parameter names ``fit`` trains; every other parameter is
+            frozen (``requires_grad=False``) and modules without a trained parameter stay in eval mode.
+            None: the family's ``TRAINABLE`` (see the README's fine-tuning section).
+        lr, weight_decay: AdamW's learning rate and weight decay for ``fit`` (no decay on biases, norms and
+            scalars such as ``logit_scale``: parameters of fewer than 2 dimensions).
     """
 
     preprocess: Preprocess
+    #: regexes of the parameter names ``fit`` trains by default; each family sets its own (none: nothing to fit)
+    TRAINABLE: tuple[str, ...] = ()
 
     def __init__(self, normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_strata: tuple[float, float] = (0.01, 0.1),
-                 tune_from: str | None = None, cxl: bool = False):
+                 tune_from: str | None = None, cxl: bool = False, negatives: bool = False,
+                 trainable: list[str] | None = None, lr: float = 1e-4, weight_decay: float = 0.01):
         super().__init__()
+        for pattern in trainable or ():
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"trainable: {pattern!r} is not a regular expression ({error})") from error
+        if lr <= 0 or weight_decay < 0:
+            raise ValueError(f"lr must be positive and weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}")
+        self.trainable = None if trainable is None else list(trainable)
+        self.lr, self.weight_decay = float(lr), float(weight_decay)
+        self.frozen_modules: list[str] = []  # set by select_trainable: kept in eval mode while fitting
+        self.gradients_checked = False
+        self.val_benchmark = nn.ModuleDict()  # the validation metrics, fresh every epoch
+        self.val_region_datasets: dict = {}
+        self.val_results: dict[str, dict] = {}  # the last validation's tables
+        self.val_history: list[dict] = []  # per validation epoch: epoch, step and each dataset's mean row
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
         self.bootstrap, self.bootstrap_seed, self.size_strata = int(bootstrap), int(bootstrap_seed), tuple(size_strata)
         self.tune_from = tune_from
         self.tuned_thresholds = read_tuned_thresholds(tune_from) if tune_from else {}
-        self.cxl = bool(cxl)
+        self.cxl, self.negatives = bool(cxl), bool(negatives)
         # per dataset name, the XBenchDataset whose records give the full-resolution regions (cxl mode);
         # found on the trainer's datamodule when not set (a replay sets it)
         self.region_datasets: dict = {}
@@ -106,7 +144,8 @@ class ZeroShotModel(L.LightningModule):
     def add_dataset(self, name: str, classes: list[str]) -> None:
         self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
                                                 bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
-                                                tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl).to(self.device)
+                                                tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl,
+                                                negatives=self.negatives).to(self.device)
 
     def on_test_start(self) -> None:
         self.benchmark = nn.ModuleDict()
@@ -136,12 +175,34 @@ class ZeroShotModel(L.LightningModule):
         maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
                                  batch.original_size[sample], batch.region_masks.shape[-1])
         masks = batch.region_masks[counted_pairs]
-        keys = torch.tensor([image_key(batch.image_ids[i]) for i in sample.tolist()], dtype=torch.long)
+        # bootstrap units: the patient where the dataset records one, else the image (resampling.unit_key)
+        patients = batch.patient_ids or [None] * b
+        image_keys = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long)
+        units = torch.tensor([unit_key(i, p) for i, p in zip(batch.image_ids, patients)], dtype=torch.long)
+        rows = counted.nonzero().flatten().cpu()
         self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls,
-                                             image_keys=keys, saliency=output.saliency[counted])
+                                             image_keys=image_keys[sample.cpu()], unit_keys=units[sample.cpu()],
+                                             sample_keys=image_keys[rows], sample_units=units[rows], saliency=output.saliency[counted],
+                                             negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None)
         if self.benchmark[batch.dataset].cxl is not None:
             self.update_cxl(batch, output.saliency)
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
+
+    def negative_pairs(self, batch: Batch, saliency: torch.Tensor, rows: torch.Tensor):
+        """The (image, finding) pairs of the counted images ``rows`` where the finding is absent (label 0, no
+        region): their maps warped to the eval grid, classes, and positions among ``rows``."""
+        absent = batch.labels[rows.to(batch.labels.device)].cpu() == 0
+        has_region = torch.zeros_like(absent)
+        position = torch.full((batch.labels.shape[0],), -1, dtype=torch.long)
+        position[rows] = torch.arange(rows.numel())
+        region = batch.region_index.cpu()
+        counted = position[region[:, 0]] >= 0
+        has_region[position[region[counted, 0]], region[counted, 1]] = True
+        row, cls = (absent & ~has_region).nonzero().unbind(1)
+        sample = rows[row].to(saliency.device)
+        maps = warp_to_eval_grid(saliency[sample, cls.to(saliency.device)], batch.affine[sample], batch.images.shape[-1],
+                                 batch.original_size[sample], batch.region_masks.shape[-1])
+        return maps, cls, row
 
     def update_cxl(self, batch: Batch, saliency: torch.Tensor) -> None:
         """The CheXlocalize-comparable metrics of every finding of the batch's counted images, at full
@@ -172,3 +233,132 @@ class ZeroShotModel(L.LightningModule):
         if self.trainer.is_global_zero and means:
             for logger in self.loggers:
                 logger.log_metrics(means, step=self.global_step)
+
+    # -- fine-tuning (python -m xbench_pl fit) -------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit":  # before the strategy wraps the model (DDP registers the trainable parameters)
+            self.select_trainable()
+
+    def select_trainable(self) -> list[str]:
+        """Train the parameters ``trainable`` (else ``TRAINABLE``) selects and freeze the rest; the
+        largest modules without a trained parameter are kept in eval mode while fitting, so frozen
+        BatchNorm statistics and dropout behave as at test time. Returns the trained names."""
+        patterns = list(self.TRAINABLE if self.trainable is None else self.trainable)
+        names = [name for name, _ in self.named_parameters()]
+        chosen = {name for name in names if any(re.search(p, name) for p in patterns)}
+        if not chosen:
+            raise ValueError(f"{type(self).__name__} has nothing to fit: trainable {patterns} matches none of its "
+                             f"{len(names)} parameters" + (f" (e.g. {', '.join(names[:3])}; set --model.trainable)" if names else ""))
+        for name, parameter in self.named_parameters():
+            parameter.requires_grad_(name in chosen)
+        self.frozen_modules = []
+        for name, module in self.named_modules():
+            inside = any(name.startswith(f"{f}.") for f in self.frozen_modules)
+            state = any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+            if name and not inside and state and not any(p.requires_grad for p in module.parameters()):
+                self.frozen_modules.append(name)
+        self.gradients_checked = False
+        self.train(self.training)
+        return [name for name in names if name in chosen]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode:
+            for name in self.frozen_modules:
+                self.get_submodule(name).eval()
+        return self
+
+    def clear_caches(self) -> None:
+        """Drop what the model caches from its weights: every instance attribute named ``*_cache`` with a
+        ``clear()`` (the families' text and query embeddings). While fitting the weights change every
+        step, and a cache filled under validation's inference mode cannot take part in autograd."""
+        for name, value in vars(self).items():
+            if name.endswith("_cache") and callable(getattr(value, "clear", None)):
+                value.clear()
+
+    def zero_shot_with_grad(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        """``zero_shot`` with autograd on: the families decorate it ``@torch.no_grad()`` for inference, and
+        torch's decorator keeps the plain function as ``__wrapped__``, which runs here."""
+        with torch.enable_grad():
+            return inspect.unwrap(type(self).zero_shot)(self, images, classes)
+
+    @staticmethod
+    def training_logits(output: ZeroShotOutput) -> torch.Tensor:
+        """``[B, C]`` logits for the loss: ``output.logits`` where the model gives them (CARZero's raw
+        score), else ``logit(scores)`` with the scores clamped to [1e-6, 1 - 1e-6] (exact for the
+        softmax-of-two scores of CLIP-style models and the query decoders: the logit difference; a score
+        saturated beyond the clamp gives no gradient)."""
+        if output.logits is not None:
+            return output.logits.float()
+        return torch.logit(output.scores.float(), eps=SCORE_EPS)
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        self.clear_caches()  # embeddings of the previous step's weights (or of validation) are stale
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        """Binary cross-entropy of ``training_logits`` against ``batch.labels``, mean over (image, finding)."""
+        output = self.zero_shot_with_grad(batch.images, batch.classes)
+        logits = self.training_logits(output)
+        counted = batch.counted.to(logits.device)
+        loss = F.binary_cross_entropy_with_logits(logits[counted], batch.labels[counted].to(logits))
+        self.log("train/loss", loss, prog_bar=True, batch_size=int(counted.sum()))
+        return loss
+
+    def on_after_backward(self) -> None:
+        if self.gradients_checked:
+            return
+        self.gradients_checked = True
+        idle = [name for name, p in self.named_parameters() if p.requires_grad and p.grad is None]
+        if idle:
+            raise ValueError(f"trainable: {len(idle)} selected parameter(s) get no gradient through zero_shot (first: "
+                             f"{', '.join(idle[:3])}); the query decoders embed their texts without gradients and cache "
+                             "them (KAD, DeViDe and CARZero text towers): leave those out of --model.trainable")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trained = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in trained if p.ndim >= 2], "weight_decay": self.weight_decay},
+                  {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
+
+    @contextmanager
+    def metrics_target(self, benchmark: nn.ModuleDict, region_datasets: dict):
+        """``test_step`` (and ``add_dataset``) feeding ``benchmark`` instead of the test metrics."""
+        saved = self.benchmark, self.region_datasets
+        self.benchmark, self.region_datasets = benchmark, region_datasets
+        try:
+            yield
+        finally:
+            self.benchmark, self.region_datasets = saved
+
+    def on_validation_epoch_start(self) -> None:
+        self.clear_caches()  # filled by training steps with the weights before their update
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self.val_benchmark = nn.ModuleDict()  # fresh metrics every epoch: nothing accumulates across epochs
+        self.val_region_datasets = {dm.name: dm.val_set for dm in getattr(datamodule, "datamodules", [])
+                                    if getattr(dm, "val_set", None) is not None}
+        with self.metrics_target(self.val_benchmark, self.val_region_datasets):
+            for spec in getattr(datamodule, "dataset_specs", []):  # every rank holds the same metrics
+                self.add_dataset(spec.name, spec.classes)
+
+    def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
+        """``test_step`` itself (checks, warp to the eval grid, metric update) into the validation metrics."""
+        with self.metrics_target(self.val_benchmark, self.val_region_datasets):
+            return self.test_step(batch, batch_idx, dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:  # a few batches to fail early, not a validation: nothing computed
+            for metrics in self.val_benchmark.values():
+                metrics.reset()
+            return
+        self.val_results = {name: metrics.compute() for name, metrics in self.val_benchmark.items()}  # synced
+        for metrics in self.val_benchmark.values():
+            metrics.reset()  # the next epoch starts from zero
+        self.val_history.append({"epoch": self.current_epoch, "step": self.global_step,
+                                 "mean": {name: table["mean"] for name, table in self.val_results.items()}})
+        means = {f"val/{name}/{key}": value for name, table in self.val_results.items()
+                 for key, value in table["mean"].items() if value is not None}
+        if self.trainer.is_global_zero and means:  # as on_test_epoch_end: the loggers get the float64 values
+            for logger in self.loggers:
+                logger.log_metrics(means, step=self.global_step)
+        if means:  # and callbacks (ModelCheckpoint(monitor=...), EarlyStopping) see them; equal on every rank
+            self.log_dict({key: float(value) for key, value in means.items()}, logger=False, sync_dist=True)
