@@ -40,12 +40,14 @@ DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily; they share
 #: argv helpers with this module through ``xbench_pl.arguments``, never by importing it
-COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score"}
+COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score",
+            "compare": "xbench_pl.compare"}
 #: one line per command for ``--help``
 SUMMARIES = {
     "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
     "describe": "count a dataset's images, positives and regions per finding and list its input problems",
     "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
+    "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }

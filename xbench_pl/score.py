@@ -60,8 +60,8 @@ def score_host() -> SimpleNamespace:
                            world_size=1, num_nodes=1)
 
 
-def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
-    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}``; ``metrics``:
+def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
+    """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
     ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
     good, bad = store.load()
     if bad:
@@ -81,8 +81,52 @@ def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: in
         if missing:
             raise StoreError(f"{store} lacks {len(missing)} of the {len(dataset)} image(s) of {child.name} (first: "
                              f"{missing[0]!r}): its run did not finish; continue it with test ... --predictions {store} --resume")
+    return replayer
+
+
+def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
+    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store``)."""
+    replayer = replay_store(store, datamodule, metrics, chunk)
     with torch.inference_mode():
         return {name: table.compute() for name, table in replayer.benchmark.items()}
+
+
+class UsageProblem(ValueError):
+    """A command-line problem with a store or its options (the command prints it and exits 2)."""
+
+
+def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
+    """A prediction store and what to score it on: ``store``, its manifest ``stored``, the run's ``config``
+    (with the data and metric settings ``rest`` changes), the ``datamodule`` (``--data NAME``/``--data.ARG V``
+    in ``rest``, else the store's), the metric settings ``metrics`` and the parsed ``args``."""
+    store = Store(folder)
+    stored = store.read_manifest()
+    if stored is None:
+        raise UsageProblem(f"{store.manifest_path} not found: {folder} is no prediction store "
+                           f"(write one with {PROG} test ... --predictions {folder})")
+    config = copy.deepcopy(stored["config"])
+    name, rest = take_option(rest, "--data")
+    data_config = config.get("data") or {}
+    if name is not None:
+        datamodule_class, defaults = read_config("data", name)
+        base = {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}", "init_args": dict(defaults)}
+    elif "init_args" in data_config:
+        datamodule_class, base = resolve_class(data_config["class_path"]), data_config
+    else:
+        raise UsageProblem(f"the store {folder} records no data config (written by the callback outside the CLI): "
+                           "give the dataset with --data NAME [--data.ARG V]")
+    args = build_parser(datamodule_class, base.get("init_args", {}), stored.get("metrics", {})).parse_args(rest)
+    chosen = args.data.as_dict()
+    changed = name is not None or any(base["init_args"].get(k) != v for k, v in chosen.items())
+    if changed:
+        config["data"] = {"class_path": base["class_path"], "init_args": {**base.get("init_args", {}), **chosen}}
+    chosen_metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
+    init_args = config.get("model", {}).setdefault("init_args", {})
+    for key, value in chosen_metrics.items():
+        if key in init_args or value != stored.get("metrics", {}).get(key):
+            init_args[key] = value
+    metrics = {**stored.get("metrics", {}), **chosen_metrics}  # every metric setting of the run, as asked
+    return SimpleNamespace(store=store, stored=stored, config=config, datamodule=datamodule_class(**chosen), metrics=metrics, args=args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,46 +144,24 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
-    store = Store(folder)
-    stored = store.read_manifest()
-    if stored is None:
-        print(f"error: {store.manifest_path} not found: {folder} is no prediction store "
-              f"(write one with {PROG} test ... --predictions {folder})", file=sys.stderr)
-        return 2
-    config = copy.deepcopy(stored["config"])
-    name, rest = take_option(rest, "--data")
-    data_config = config.get("data") or {}
-    if name is not None:
-        datamodule_class, defaults = read_config("data", name)
-        base = {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}", "init_args": dict(defaults)}
-    elif "init_args" in data_config:
-        datamodule_class, base = resolve_class(data_config["class_path"]), data_config
-    else:
-        print(f"error: the store {folder} records no data config (written by the callback outside the CLI): "
-              "give the dataset with --data NAME [--data.ARG V]", file=sys.stderr)
-        return 2
-    args = build_parser(datamodule_class, base.get("init_args", {}), stored.get("metrics", {})).parse_args(rest)
-    chosen = args.data.as_dict()
-    changed = name is not None or any(base["init_args"].get(k) != v for k, v in chosen.items())
-    if changed:
-        config["data"] = {"class_path": base["class_path"], "init_args": {**base.get("init_args", {}), **chosen}}
-    chosen_metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
-    init_args = config.get("model", {}).setdefault("init_args", {})
-    for key, value in chosen_metrics.items():
-        if key in init_args or value != stored.get("metrics", {}).get(key):
-            init_args[key] = value
-    metrics = {**stored.get("metrics", {}), **chosen_metrics}  # every metric setting of the run, as asked
     try:
-        datamodule = datamodule_class(**chosen)
-        results = rescore(store, datamodule, metrics, args.chunk)
+        run = open_store(folder, rest)
+    except UsageProblem as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except DataError as error:  # the datamodule's arguments
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    try:
+        results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk)
     except (DataError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    report = build_report(model=stored.get("model_name") or config.get("model", {}).get("class_path", "model"),
-                          results=results, problems=datamodule_problems(datamodule), config=config,
-                          random_weights=bool(stored.get("random_weights")),
+    report = build_report(model=run.stored.get("model_name") or run.config.get("model", {}).get("class_path", "model"),
+                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
+                          random_weights=bool(run.stored.get("random_weights")),
                           provenance={**provenance(score_host(), started), "scored_from": str(Path(folder))})
-    out = publish_report(report, args.out)
+    out = publish_report(report, run.args.out)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 
