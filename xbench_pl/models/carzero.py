@@ -204,6 +204,7 @@ class CARZero(ZeroShotModel):
     # duplicate key prefix -> prefix of the twin kept (TQN passes decoder_norm to the decoder as its norm)
     ALIASES = {"fusion_module.decoder_norm.": "fusion_module.decoder.norm."}
     SAFE_GLOBALS = SAFE_GLOBALS
+    TRAINABLE = (r"^mlp_head\.",)  # fit: the score head (its text embeddings are computed without gradients)
     INPUT_SIZES = {224: "carzero"}
 
     def __init__(
@@ -231,10 +232,7 @@ class CARZero(ZeroShotModel):
         self.attn_layers = list(config.get("attn_layers", [-4, -3, -2, -1]))
         self.tokenizer = load_tokenizer(tokenizer)
         build_weights(lambda: self.build(config, base), random_init=weights is None)
-        vocabulary = self.text.embeddings.word_embeddings.num_embeddings
-        if len(self.tokenizer) > vocabulary:
-            raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, more than the text encoder's "
-                             f"vocabulary ({vocabulary}): wrong tokenizer folder? It needs {TOKENIZER_HINT}")
+        self.text.check_tokenizer(self.tokenizer, f"tokenizer {tokenizer}", f"wrong tokenizer folder? It needs {TOKENIZER_HINT}")
         if self.last_layers > len(self.text.encoder.layer) + 1:
             raise ValueError(f"architecture {architecture!r}: last_layers {self.last_layers} > the BERT's hidden states")
         self.preprocess = preprocess_from(config)

@@ -139,6 +139,7 @@ class KAD(ZeroShotModel):
         "decoder_norm.": "decoder.norm.",
     }
     QUERY_SETS = ("authors", "requested")
+    TRAINABLE = (r"^mlp_head\.",)  # fit: the classifier head (queries are embedded without gradients)
     INPUT_SIZES = {224: "kad-224", 512: "kad-512", 1024: "kad-1024"}  # --model.image_size -> the released variant
 
     def __init__(
@@ -186,10 +187,7 @@ class KAD(ZeroShotModel):
                         nn.Sequential(nn.Linear(self.image.channels, projection[0]), nn.ReLU(), nn.Linear(*projection)))
         text = config["text"]
         self.text = BertQueryEncoder(bert_config(text["bert"], base), text.get("pooling", "pooler"), text.get("mlp"))
-        vocabulary = self.text.bert_model.embeddings.word_embeddings.num_embeddings
-        if len(self.tokenizer) > vocabulary:
-            raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, more than the text encoder's "
-                             f"vocabulary ({vocabulary}): wrong tokenizer folder?")
+        self.text.bert_model.check_tokenizer(self.tokenizer, f"tokenizer {tokenizer}", "wrong tokenizer folder?")
         self.decoder = QueryDecoder(**config["decoder"])
         self.mlp_head = nn.Sequential(nn.Linear(config["decoder"]["d_model"], int(config.get("classes", 2))))
 

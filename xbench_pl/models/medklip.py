@@ -235,9 +235,7 @@ class TextEncoder:
     def bert(self) -> BertModel:
         if self._bert is None:
             bert = BertModel.from_config_file(self.folder / "config.json", add_pooling_layer=False)
-            if len(self.tokenizer) > bert.embeddings.word_embeddings.num_embeddings:
-                raise ValueError(f"text encoder {self.folder}: vocab.txt has {len(self.tokenizer)} tokens, more than "
-                                 f"config.json's vocab_size ({bert.embeddings.word_embeddings.num_embeddings})")
+            bert.check_tokenizer(self.tokenizer, f"text encoder {self.folder}: vocab.txt", "config.json's vocab_size is too small")
             if bert.embeddings.position_embeddings.num_embeddings < self.max_length:
                 raise ValueError(f"text encoder {self.folder}: max_position_embeddings < the query length {self.max_length}")
             weights = next(self.folder / n for n in WEIGHT_FILES if (self.folder / n).is_file())
@@ -315,6 +313,7 @@ class MedKLIP(ZeroShotModel):
     """
 
     IGNORE_UNEXPECTED = (r"^cl_fc\.",)  # contrastive location head of pretraining (PreTrain_MedKLIP only)
+    TRAINABLE = (r"^disease_embedding_layer\.", r"^classifier\.")  # fit: query projection and classifier head
     ALIASES: dict[str, str] = {}
     RENAMES = (*((f"res_features.{i}.", f"image.{name}.") for i, name in RESNET_CHILDREN.items()),
                ("res_l1.", "project.0."), ("res_l2.", "project.2."))

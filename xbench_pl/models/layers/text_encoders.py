@@ -123,6 +123,13 @@ class BertModel(nn.Module):
             raise FileNotFoundError(f"BERT config not found: {path} (a Hugging Face config.json)")
         return cls(**{**json.loads(path.read_text()), **overrides})
 
+    def check_tokenizer(self, tokenizer, source: str, fix: str) -> None:
+        """Refuse a tokenizer with more tokens than the word embeddings (its ids would index past them):
+        ``source`` names the tokenizer in the error, ``fix`` says what to do."""
+        vocabulary = self.embeddings.word_embeddings.num_embeddings
+        if len(tokenizer) > vocabulary:
+            raise ValueError(f"{source} has {len(tokenizer)} tokens, more than the text encoder's vocabulary ({vocabulary}): {fix}")
+
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """The embedding output and every layer's output (``num_hidden_layers + 1`` tensors ``[N, T, H]``),
         as Hugging Face's ``output_hidden_states=True`` gives them."""
