@@ -7,7 +7,8 @@ A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`
 - the datasets x models grid of Pointing Game / Dice@0.5 / IoU@0.5 (Table 1 of the paper);
 - per dataset, the per-finding Pointing Game, Dice, IoU and AUROC of every model;
 - AUROC against Pointing Game over every (model, dataset, finding) with both defined, with the
-  least-squares line and its R² (the paper's Fig. 3);
+  least-squares line and its R² (the paper's Fig. 3), and Pearson's r, R² = r² and the number of
+  points per model and overall as a table and in ``report.json`` (``correlation_stats``);
 - Dice at τ = 0.5 against Dice at ``tau_best`` per model and dataset (Fig. 4: the calibration gap);
 - the calibration plots and heatmap samples the runs saved.
 
@@ -83,6 +84,37 @@ def r2_text(r2: float | None) -> str:
     if r2 is None:
         return "–"
     return "undefined (AUROC constant)" if math.isnan(r2) else f"{r2:.3f}"
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's correlation coefficient; None for fewer than 2 points or where either side is constant."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / math.sqrt(sxx * syy)
+
+
+def correlation_stats(points: list[tuple[str, str, str, float, float]]) -> dict:
+    """AUROC against Pointing Game (``auroc_pg_points``) as statistics: ``overall`` and per model in ``models``
+    the number of points ``n``, Pearson's ``r`` and ``r2`` = r² (None where undefined); ``overall`` also the
+    least-squares ``slope`` and ``intercept`` of the figure's line."""
+    def stats(chosen: list) -> dict:
+        r = pearson([p[3] for p in chosen], [p[4] for p in chosen])
+        return {"n": len(chosen), "r": r, "r2": None if r is None else r * r}
+
+    fit = fit_line([p[3] for p in points], [p[4] for p in points])
+    models = list(dict.fromkeys(p[0] for p in points))
+    return {"overall": {**stats(points), "slope": fit and fit[0], "intercept": fit and fit[1]},
+            "models": {m: stats([p for p in points if p[0] == m]) for m in models}}
+
+
+def correlation_table(stats: dict) -> tuple[list[str], list[list[str]]]:
+    rows = [[name, str(s["n"]), _cell(s["r"]), _cell(s["r2"])] for name, s in [*stats["models"].items(), ("all models", stats["overall"])]]
+    return ["model", "points", "Pearson r", "R²"], rows
 
 
 def auroc_pg_points(runs: list[Run]) -> list[tuple[str, str, str, float, float]]:
@@ -256,6 +288,13 @@ def build(runs: list[Run], out: Path) -> dict:
     for name, caption in fig_text:
         md += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
         doc.append(f'<figure><img src="{_data_uri(figures / name)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+    stats = correlation_stats(auroc_pg_points(runs))
+    (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder)} for r in runs],
+                                                 "auroc_vs_pointing_game": stats}, indent=1) + "\n")
+    h, r = correlation_table(stats)
+    title = "AUROC against Pointing Game per finding: Pearson r (undefined: a constant side)"
+    md += [f"### {title}", "", _md_table(h, r), ""]
+    doc += [f"<h3>{html.escape(title)}</h3>", _html_table(h, r)]
     md += ["## Per finding"]
     doc.append("<h2>Per finding</h2>")
     for dataset in _datasets(runs):
@@ -301,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     fit = build(runs, out)
     r2 = r2_text(fit["r2"])
     print(f"{len(runs)} run(s); AUROC vs Pointing Game: {fit['points']} points, R² = {r2}")
-    print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'report.json'}")
     return 0
 
 
