@@ -188,3 +188,32 @@ def test_negatives_mode_scores_absent_findings_and_is_off_by_default():
     assert "neg_fp_rate" not in plain.compute()["mean"]
     with pytest.raises(ValueError, match="negatives=True"):
         plain.update(x["scores"], x["labels"], x["maps"], x["masks"], x["cls"], negatives=(negatives, neg_cls, neg_row))
+
+
+def test_cxl_keys_get_intervals_from_the_same_draws():
+    from xbench_pl.metrics.chexlocalize import CXL_KEYS, cxl_pair
+
+    x = patient_inputs(seed=10)
+    n, resamples = len(x["ids"]), 30
+    gen = torch.Generator().manual_seed(10)
+    bench = BenchmarkMetrics(["A", "B", "C"], bootstrap=resamples, bootstrap_seed=1, cxl=True)
+    feed_keyed(bench, x, list(range(n)))
+    units = [unit_key(x["ids"][i], x["patients"][i]) for i in range(n)]
+    fulls, regions = [], []
+    for i in range(n):  # every finding of every image, as full_resolution_pairs yields them
+        for k in range(3):
+            fulls.append(torch.rand(20, 24, generator=gen) ** 3)
+            region = np.zeros((20, 24), bool)
+            if torch.rand(1, generator=gen).item() < 0.6:
+                region[3:9, 5:15] = True
+            regions.append(region if region.any() else None)
+    bench.update_cxl(zip(fulls, regions, [k for _ in range(n) for k in range(3)]), [u for u in units for _ in range(3)])
+    ci = bench.compute()["ci"]
+    values = np.array([cxl_pair(m, r) for m, r in zip(fulls, regions)]).reshape(n, 3, len(CXL_KEYS))
+    universe = sorted(set(units))
+    drawn = torch.stack([bootstrap_weights(len(universe), resamples, 1)[:, universe.index(u)] for u in units], 1)
+    for j, key in enumerate(CXL_KEYS):
+        reps = np.array([[np.nanmean(values[expanded(drawn[r]), k, j]) if not np.isnan(values[expanded(drawn[r]), k, j]).all() else np.nan
+                          for k in range(3)] for r in range(resamples)])
+        for k, name in enumerate("ABC"):
+            np.testing.assert_allclose(ci["classes"][name][key], np.nanquantile(reps[:, k], [0.025, 0.975]), atol=1e-9)

@@ -301,7 +301,7 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     tuned = json.loads((tmp_path / "tune" / "metrics.json").read_text())["datasets"]["demo"]
     assert "no tuning run" in tuned["tuning"]["note"] and tuned["mean"]["dice_tuned"] is None
     test = [*common, "--data.split_file", str(tmp_path / "test.csv"), "--model.tune_from", str(tmp_path / "tune"),
-            "--model.size_strata", "[0.02, 0.08]", "--model.negatives", "true"]
+            "--model.size_strata", "[0.02, 0.08]", "--model.negatives", "true", "--model.cxl", "true"]
     a, b, _ = one_and_two_processes(tmp_path, *test)
     assert json.dumps(a) == json.dumps(b)
     demo = a["datasets"]["demo"]
@@ -313,6 +313,7 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     # the demo's images carry NIH patient ids: patients are resampled, and recognition keys get intervals too
     assert demo["ci"]["unit"] == "patient" and demo["ci"]["mean"]["auroc"] is not None and demo["ci"]["mean"]["dice_lift"] is not None
     assert demo["mean"]["neg_fp_rate"] is not None and demo["ci"]["mean"]["neg_mass"] is not None
+    assert demo["ci"]["mean"]["cxl_hit_rate"] is not None
     assert demo["by_size"]["bounds"] == [0.02, 0.08]
     assert sum(demo["by_size"]["mean"][s]["n_regions"] for s in ("small", "medium", "large")) == demo["mean"]["n_regions"]
     assert "bootstrap intervals" in (tmp_path / "one" / "metrics.md").read_text()

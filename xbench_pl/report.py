@@ -16,7 +16,8 @@
   ``provenance`` is identical on 1 and N processes.
 
 Beside ``classes`` and ``mean`` a dataset has ``ci`` (``{"level", "resamples", "seed", "unit",
-"mean": {KEY: [low, high]}, "classes": {CLASS: {KEY: [low, high]}}}``, null with ``bootstrap=0``),
+"mean": {KEY: [low, high]}, "classes": {CLASS: {KEY: [low, high]}}}``, null with ``bootstrap=0``;
+``unit``: ``patient``, ``image`` or ``patient where known, else image``),
 ``by_size`` (``{"bounds": [small, large], "mean": {STRATUM: ROW}, "classes": {CLASS: {STRATUM: ROW}}}``,
 strata ``small``/``medium``/``large``) and ``tuning`` (``{"source", "note"}``): see
 ``xbench_pl.metrics.benchmark``.
@@ -59,7 +60,7 @@ def extra_markdown(d: dict) -> list[str]:
     ci = d.get("ci")
     if ci:
         cells = {k: "–" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]" for k, v in ci["mean"].items()}
-        parts += ["", f"{int(ci['level'] * 100)} % bootstrap intervals of the mean ({ci['resamples']} resamples of {ci['unit']}s, seed {ci['seed']}):", "",
+        parts += ["", f"{int(ci['level'] * 100)} % bootstrap intervals of the mean ({ci['resamples']} resamples, unit: {ci['unit']}, seed {ci['seed']}):", "",
                   "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|", "| " + " | ".join(cells.values()) + " |"]
     by_size = d.get("by_size")
     if by_size:

@@ -227,12 +227,13 @@ class BenchmarkMetrics(nn.Module):
         per_image["neg_fp_rate"][row, cls] = fp_rate.cpu()
         per_image["neg_mass"][row, cls] = mass.cpu()
 
-    def update_cxl(self, pairs) -> None:
+    def update_cxl(self, pairs, units: list[int] | None = None) -> None:
         """Feed the CheXlocalize-comparable metrics: ``(full_map, region, class)`` per (image, finding),
-        every finding of every counted image (``chexlocalize.full_resolution_pairs``)."""
+        every finding of every counted image (``chexlocalize.full_resolution_pairs``); ``units``: each pair's
+        bootstrap unit (``resampling.unit_key``), for the intervals of the cxl keys."""
         if self.cxl is None:
             raise ValueError("update_cxl: this BenchmarkMetrics was built without cxl=True")
-        self.cxl.update(pairs)
+        self.cxl.update(pairs, units)
 
     def sample_state(self) -> dict:
         """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),
@@ -241,7 +242,8 @@ class BenchmarkMetrics(nn.Module):
         # torchmetrics squeezes one-element results: restore [P], [P, K], [P, T]
         width = {"values": len(RECORD_KEYS), "defined": len(RECORD_KEYS), "dice": self.records.n_thresholds, "iou": self.records.n_thresholds}
         records = {k: v.reshape(-1, width[k]) if k in width else v.reshape(-1) for k, v in records.items()}
-        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": self.images.compute()}
+        cxl = self.cxl.pairs.compute() if self.cxl is not None and self.cxl.keyed else None
+        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": self.images.compute(), "cxl": cxl}
 
     def compute(self) -> dict:
         state = self.sample_state()
@@ -377,11 +379,15 @@ class BenchmarkMetrics(nn.Module):
         """Every key with an interval, per bootstrap replicate and class ``{key: [R, C]}`` (float64, NaN where
         undefined in a replicate): ``state`` from ``sample_state``, ``universe`` the sorted unit keys, ``weights
         [R, U]`` how often each unit is drawn. The pair keys and, where every update gave sample keys, the
-        image-level keys and the recognition keys (``recognition.replicate_recognition``) on the same draws."""
+        image-level keys, the recognition keys (``recognition.replicate_recognition``) and the cxl keys on the same draws."""
         records, images, c = state["pairs"], state["images"], len(self.classes)
         values, defined = self._pair_values(state["grounding"], records)
         per_pair = resampled_means(torch.searchsorted(universe, records["unit"]), records["cls"], values, defined, c, weights)
         out = {k: per_pair[:, :, i] for i, k in enumerate(pair_keys(self.dice_iou.fixed_threshold))}
+        if state["cxl"] is not None:
+            cxl = state["cxl"]
+            per_cxl = resampled_means(torch.searchsorted(universe, cxl["unit"]), cxl["cls"], cxl["values"], cxl["defined"], c, weights)
+            out.update({k: per_cxl[:, :, i] for i, k in enumerate(CXL_KEYS)})
         if not self.images_keyed:
             return out
         n, index = images["image"].numel(), torch.searchsorted(universe, images["unit"])
@@ -401,7 +407,8 @@ class BenchmarkMetrics(nn.Module):
             image, unit = torch.cat([pairs["image"], images["image"]]), torch.cat([pairs["unit"], images["unit"]])
         else:
             image, unit = pairs["image"], pairs["unit"]
-        return torch.unique(unit, sorted=True), unit_name(image, unit)
+        extra = state["cxl"]["unit"] if state["cxl"] is not None else unit[:0]  # cxl judges images without regions too
+        return torch.unique(torch.cat([unit, extra]), sorted=True), unit_name(image, unit)
 
     def _resampled(self, state: dict) -> tuple[dict | None, dict]:
         records, grounding = state["pairs"], state["grounding"]  # synced and sorted by (image key, class) on every rank

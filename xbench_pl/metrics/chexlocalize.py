@@ -164,7 +164,8 @@ class CheXlocalizeMode(Metric):
     """Per class, the means of ``cxl_pair``'s hit, IoU (``true_pos_only``) and IoU (all pairs) in
     int64 fixed point with their counts: DDP sums are exact. ``update`` takes pairs one at a time
     (an iterable of ``(full_map [H, W], region bool [H, W] or None, class)``) so that a batch's
-    full-resolution maps are never all held at once."""
+    full-resolution maps are never all held at once. With ``units`` (each pair's bootstrap unit, ``resampling.unit_key``)
+    it also keeps every pair's values (``records``) for the bootstrap intervals of ``BenchmarkMetrics``."""
 
     full_state_update = False
     higher_is_better = True
@@ -177,15 +178,33 @@ class CheXlocalizeMode(Metric):
         for key in CXL_KEYS:
             self.add_state(f"{key}_total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
             self.add_state(f"{key}_pairs", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.pairs = CheXlocalizePairs()
+        self.keyed = True  # every update gave units
 
-    def update(self, pairs: Iterable[tuple[torch.Tensor, np.ndarray | None, int]]) -> None:
+    def reset(self) -> None:
+        super().reset()
+        self.pairs.reset()
+        self.keyed = True
+
+    def update(self, pairs: Iterable[tuple[torch.Tensor, np.ndarray | None, int]], units: list[int] | None = None) -> None:
         totals = {k: torch.zeros(self.num_classes, dtype=torch.long) for k in CXL_KEYS}
         counts = {k: torch.zeros(self.num_classes, dtype=torch.long) for k in CXL_KEYS}
+        classes, values = [], []
         for full_map, region, c in pairs:
-            for key, value in zip(CXL_KEYS, cxl_pair(full_map, region)):
+            pair = cxl_pair(full_map, region)
+            classes.append(int(c))
+            values.append(pair)
+            for key, value in zip(CXL_KEYS, pair):
                 if not np.isnan(value):
                     totals[key][int(c)] += int(to_fixed(torch.tensor(value)))
                     counts[key][int(c)] += 1
+        if units is None:
+            self.keyed = False
+        else:
+            if len(units) != len(classes):
+                raise ValueError(f"CheXlocalizeMode.update: {len(units)} units for {len(classes)} pairs")
+            self.pairs.update(torch.tensor(units, dtype=torch.long), torch.tensor(classes, dtype=torch.long),
+                              torch.tensor(values, dtype=torch.float64).reshape(-1, len(CXL_KEYS)))
         for key in CXL_KEYS:  # out of place, as every metric here
             setattr(self, f"{key}_total", getattr(self, f"{key}_total") + totals[key].to(self.device))
             setattr(self, f"{key}_pairs", getattr(self, f"{key}_pairs") + counts[key].to(self.device))
@@ -193,6 +212,41 @@ class CheXlocalizeMode(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         """``{key: [C]}`` float64, NaN for a class without a counted pair."""
         return {k: from_fixed(getattr(self, f"{k}_total"), getattr(self, f"{k}_pairs")) for k in CXL_KEYS}
+
+
+class CheXlocalizePairs(Metric):
+    """Every judged pair's bootstrap ``unit``, class ``cls`` and ``CXL_KEYS`` values in fixed point with a
+    defined flag ``[P, 3]``; ``compute`` returns them synced (their sums do not depend on the order)."""
+
+    full_state_update = False
+    is_differentiable = False
+    NAMES = ("unit", "cls", "values", "defined")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for name in self.NAMES:
+            self.add_state(name, [], dist_reduce_fx="cat")
+        self._prime()
+
+    def _prime(self) -> None:
+        """One empty batch of the right shapes: a DDP rank without pairs syncs like the others."""
+        for name, shape in (("unit", (0,)), ("cls", (0,)), ("values", (0, len(CXL_KEYS))), ("defined", (0, len(CXL_KEYS)))):
+            getattr(self, name).append(torch.zeros(shape, dtype=torch.long, device=self.device))
+
+    def reset(self) -> None:
+        super().reset()
+        self._prime()
+
+    def update(self, unit: torch.Tensor, cls: torch.Tensor, values: torch.Tensor) -> None:
+        for name, value in (("unit", unit), ("cls", cls), ("values", to_fixed(torch.nan_to_num(values, nan=0.0))),
+                            ("defined", (~torch.isnan(values)).long())):
+            getattr(self, name).append(value.to(self.device))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        from torchmetrics.utilities import dim_zero_cat
+
+        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
+        return {k: v.reshape(-1) if k in ("unit", "cls") else v.reshape(-1, len(CXL_KEYS)) for k, v in out.items()}
 
 
 def region_mask(regions, height: int, width: int) -> np.ndarray | None:

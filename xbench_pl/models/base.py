@@ -35,6 +35,13 @@ from xbench_pl.metrics.resampling import image_key, unit_key
 SCORE_EPS = 1e-6
 
 
+def batch_units(batch: Batch) -> torch.Tensor:
+    """Each sample's bootstrap unit ``[B]`` (``resampling.unit_key``): its patient where the dataset records one,
+    else its image."""
+    patients = batch.patient_ids or [None] * len(batch.image_ids)
+    return torch.tensor([unit_key(i, p) for i, p in zip(batch.image_ids, patients)], dtype=torch.long)
+
+
 @dataclass
 class ZeroShotOutput:
     """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
@@ -175,10 +182,7 @@ class ZeroShotModel(L.LightningModule):
         maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
                                  batch.original_size[sample], batch.region_masks.shape[-1])
         masks = batch.region_masks[counted_pairs]
-        # bootstrap units: the patient where the dataset records one, else the image (resampling.unit_key)
-        patients = batch.patient_ids or [None] * b
-        image_keys = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long)
-        units = torch.tensor([unit_key(i, p) for i, p in zip(batch.image_ids, patients)], dtype=torch.long)
+        image_keys, units = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long), batch_units(batch)
         rows = counted.nonzero().flatten().cpu()
         self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls,
                                              image_keys=image_keys[sample.cpu()], unit_keys=units[sample.cpu()],
@@ -221,7 +225,8 @@ class ZeroShotModel(L.LightningModule):
         pairs = full_resolution_pairs(saliency[counted.to(saliency.device)], batch.affine[counted.to(batch.affine.device)],
                                       batch.images.shape[-1], batch.original_size[counted.to(batch.original_size.device)].cpu(),
                                       regions, batch.classes)
-        self.benchmark[batch.dataset].update_cxl(pairs)
+        units = batch_units(batch)[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
+        self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
