@@ -79,6 +79,10 @@ def curve_part(args, device: str) -> None:
         print(f"  {name:<26} {seconds * 1000:9.1f} ms   {seconds / floor:7.1f}x read floor   {seconds / fast:7.1f}x dice_iou_curve")
     same = all(torch.equal(out["dice_iou_curve"], out[k]) for k in ("torch reference", "lean per-threshold loop") if k in out)
     print(f"  identical Dice: {same}")
+    goals = [f"{fast / floor:.1f}x the read floor (goal <= 20x, aim 10x)"]
+    if "lean per-threshold loop" in best:
+        goals.append(f"{best['lean per-threshold loop'] / fast:.0f}x over the lean loop (goal >= 50x)")
+    print("  dice_iou_curve: " + ", ".join(goals))
 
 
 def pair_part(args) -> None:

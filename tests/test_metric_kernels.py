@@ -154,3 +154,31 @@ def test_torch_path_without_numba(monkeypatch):
 
 def test_tolerance_constant_is_shared():
     assert kernels.RELATIVE_TOLERANCE == functional.RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("t", [2, 11, 101, 201])
+def test_threshold_counts_at_the_grid_values_equal_comparisons(t):
+    """The uniform-grid count (floor(m (T - 1)) + 1, corrected once) at every threshold and its float32 neighbours,
+    beyond [0, 1] (normalize="none") and across a block boundary (kernels.BLOCK pixels)."""
+    thresholds = default_thresholds(1 / (t - 1))
+    grid = thresholds.numpy()
+    values = np.concatenate([grid, np.nextafter(grid, np.float32(-2)), np.nextafter(grid, np.float32(2)),
+                             np.float32([-0.0, -1e-30, -3.0, 1.5, 7.0, 3e38, -3e38])]).astype(np.float32)
+    values = np.resize(values, kernels.BLOCK + 37)  # two blocks, the second partial
+    maps = torch.from_numpy(values).view(1, 1, -1)
+    masks = torch.from_numpy(np.arange(values.size) % 3 == 0).view(1, 1, -1)
+    assert kernels._uniform(thresholds)
+    curve = kernels.grounding_counts(maps, masks, thresholds, "none", want=0)["curve"][0]
+    reached = (maps.flatten()[:, None] >= thresholds[None, :]).sum(1)
+    inside = masks.flatten()
+    for g in (0, 1):
+        assert torch.equal(curve[g], torch.bincount(reached[inside == bool(g)], minlength=t + 1))
+
+
+def test_statistics_across_blocks_equal_the_reference():
+    maps, masks = hard_pairs(n=7, size=40, seed=6)  # 1,600 pixels: a full block and a partial one
+    for mode in ("minmax", "max"):
+        normal = reference(normalize_saliency, maps, mode)
+        assert same(kernels.dice_iou_curve(maps, masks, default_thresholds(), mode), reference(dice_iou_curve, normal, masks, default_thresholds()))
+        assert same(kernels.otsu_dice_iou(maps, masks, mode), reference(otsu_dice_iou, normal, masks))
+    assert same(pointing_game(maps, masks), reference(pointing_game, maps, masks))

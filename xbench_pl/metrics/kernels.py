@@ -8,8 +8,12 @@ One pass over a map's pixels, after a first pass for its range, yields every int
 statistics need: the Pointing Game's maximal pixels (all, inside the region); per pixel of the
 normalised map, how many thresholds it reaches (``functional.thresholds_reached``) and its 8-bit
 level (``functional.to_uint8``), each histogrammed inside/outside the region; and the map's positive
-mass, inside and in all, as exact sums (below). Per-map scalars (range, tolerance, normalisation
-divisor) are computed by the same torch expressions as the reference, on ``[N, 1]`` tensors, and the
+mass, inside and in all, as exact sums (below). The pass runs in blocks of ``BLOCK`` pixels: select-only loops
+(which LLVM vectorises) compute the normalised values and their bins into L1-resident buffers, then a scalar loop
+histograms the bins; the range pass reduces order-preserving integer keys (vectorised, NaN/inf found alike). On
+the uniform grid ``k / (T - 1)`` a value's threshold count is ``floor(m (T - 1)) + 1`` corrected by one comparison
+either way against the threshold recomputed by the same float32 division, so no table lookup is needed.
+Per-map scalars (range, tolerance, normalisation divisor) are computed by the same torch expressions as the reference, on ``[N, 1]`` tensors, and the
 per-pixel float32 arithmetic (``(m - lo) / span``, ``m * 255``) is the same IEEE operation, so every
 count equals the reference's and every statistic derived from the counts (Dice/IoU curves, Pointing
 Game, Otsu Dice/IoU) is bit-identical. Pixel AUROC sorts each map's order-preserving integer keys
@@ -70,97 +74,158 @@ if numba is not None:
     _jit = numba.njit(cache=True, nogil=True)
 
     @_jit
-    def _range_kernel(flat, hi, lo, bad):
-        n, p = flat.shape
-        for i in range(n):
-            top, bottom, broken = flat[i, 0], flat[i, 0], False
-            for j in range(p):
-                v = flat[i, j]
-                if v > top:
-                    top = v
-                if v < bottom:
-                    bottom = v
-                if not np.isfinite(v):
-                    broken = True
-            hi[i], lo[i], bad[i] = top, bottom, broken
+    def _row_range(keys):
+        """Largest and smallest order-preserving key of one map's float32 bits, and whether any value is
+        NaN or inf: integer reductions, which vectorise (float ones would need fast-math)."""
+        top, bottom, special = -(1 << 31), (1 << 31) - 1, 0
+        for j in range(keys.shape[0]):
+            b = keys[j]
+            k = b ^ ((b >> 31) & 0x7FFFFFFF)  # signed order of k = float order of the value
+            top = max(top, k)
+            bottom = min(bottom, k)
+            special |= (b & 0x7F800000) == 0x7F800000
+        return top, bottom, special
+
+    @numba.njit(cache=True, nogil=True, parallel=True)
+    def _range_kernel(keys, hi, lo, bad):
+        for i in numba.prange(keys.shape[0]):
+            hi[i], lo[i], bad[i] = _row_range(keys[i])
 
     COPIES = 4  # interleaved sub-histograms: neighbouring pixels (smooth maps) rarely wait on one counter
+    BLOCK = 1024  # pixels per block: its per-pixel values stay in L1 between the vectorised and the histogram loops
 
     @_jit
-    def _fused_map(i, flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255,
-                   want, maximal, curve_hist, level_hist, mass):
-        p = flat.shape[1]
-        t = thresholds.shape[0]
-        curve = np.zeros((COPIES, 2, t + 1), dtype=np.int64)
-        level = np.zeros((COPIES, 2, 256), dtype=np.int64)
-        acc = np.zeros((COPIES, 2, 255), dtype=np.int64)
-        box = np.zeros(1, dtype=np.float32)
-        bits = box.view(np.uint32)
+    def _normalise(row, shift, divisor, nothing, out):
         zero = np.float32(0.0)
-        want_max, want_level, want_mass = want & 1, want & 2, want & 4
-        floor, everything, lo, div, nothing = max_floor[i], all_maximal[i], shift[i], divisor[i], zero_map[i]
-        count_max, count_max_in = 0, 0
-        for j in range(p):
-            u = j & (COPIES - 1)
-            v = flat[i, j]
-            g = 1 if region[i, j] else 0
-            if want_max and (everything or v >= floor):
-                count_max += 1
-                count_max_in += g
-            m = zero if nothing else (v - lo) / div
-            # thresholds reached: #{k: thresholds[k] <= m}
-            if uniform:
-                guess = m * steps
-                if guess < 0:
-                    r = 0
-                elif guess >= t:
-                    r = t
+        for j in range(row.shape[0]):
+            out[j] = zero if nothing else (row[j] - shift) / divisor
+
+    @_jit
+    def _uniform_bins(m, inside, steps, stride, bins):
+        """bins[j] = #{k: k / steps <= m[j]} (the uniform grid's thresholds, by the same float32 division) + stride
+        if inside: floor(m * steps) + 1, corrected by one comparison either way; select-only, so it vectorises."""
+        zero, one, last = np.float32(0.0), np.float32(1.0), steps + np.float32(1.0)
+        for j in range(m.shape[0]):
+            v = m[j]
+            guess = v * steps
+            guess = guess if guess > zero else zero  # also NaN -> 0 (such maps raise): the bin stays in range
+            guess = guess if guess < steps else steps
+            r = np.floor(guess) + one
+            r = r + (one if r / steps <= v else zero)
+            r = r if r < last else last
+            r = r - (one if (r - one) / steps > v else zero)
+            bins[j] = np.int32(r) + stride * np.int32(inside[j])
+
+    @_jit
+    def _searched_bins(m, inside, thresholds, stride, bins):
+        """bins[j] = #{k: thresholds[k] <= m[j]} + stride if inside, by binary search (any ascending grid)."""
+        t = thresholds.shape[0]
+        for j in range(m.shape[0]):
+            v, r, top = m[j], 0, t
+            while r < top:
+                middle = (r + top) >> 1
+                if thresholds[middle] <= v:
+                    r = middle + 1
                 else:
-                    r = int(guess) + 1
-                while r < t and thresholds[r] <= m:
-                    r += 1
-                while r > 0 and thresholds[r - 1] > m:
-                    r -= 1
-            else:  # binary search (inline: a library call here slows the whole loop)
-                r, top = 0, t
-                while r < top:
-                    middle = (r + top) >> 1
-                    if thresholds[middle] <= m:
-                        r = middle + 1
-                    else:
-                        top = middle
-            curve[u, g, r] += 1
-            if want_level:
-                q = m * c255
-                if q < 0:
-                    q = zero
-                if q > 255:
-                    q = c255
-                level[u, g, int(q)] += 1
-            if want_mass and m > 0:
-                box[0] = m
-                b = bits[0]
+                    top = middle
+            bins[j] = r + stride * np.int32(inside[j])
+
+    @_jit
+    def _level_bins(m, inside, bins):
+        """bins[j] = uint8(255 * m[j]) (clamped, truncated: functional.to_uint8) + 256 if inside."""
+        zero, c255 = np.float32(0.0), np.float32(255.0)
+        for j in range(m.shape[0]):
+            q = m[j] * c255
+            q = q if q > zero else zero
+            q = q if q < c255 else c255
+            bins[j] = np.int32(q) + 256 * np.int32(inside[j])
+
+    @_jit
+    def _histogram(bins, hist):
+        width = hist.shape[0] // COPIES
+        for j in range(bins.shape[0]):
+            hist[(j & (COPIES - 1)) * width + bins[j]] += 1
+
+    @_jit
+    def _merge(copies, out):
+        """out += the sum of the COPIES sub-histograms laid end to end in ``copies``."""
+        width = out.shape[0]
+        for u in range(COPIES):
+            for k in range(width):
+                out[k] += copies[u * width + k]
+
+    @_jit
+    def _add_mass(m, inside, acc):
+        """acc[copy, inside, exponent] += mantissa of every positive m (exact: a float32 is mantissa * 2**(exponent - 150))."""
+        bits = m.view(np.uint32)
+        for j in range(m.shape[0]):
+            if m[j] > 0:
+                b = bits[j]
                 exponent = (b >> 23) & 0xFF
                 mantissa = b & 0x7FFFFF
                 if exponent > 0:
                     mantissa |= 0x800000
                 else:
                     exponent = 1
-                acc[u, g, exponent] += mantissa
-        maximal[i, 0], maximal[i, 1] = count_max, count_max_in
-        for u in range(COPIES):
-            curve_hist[i] += curve[u]
-            level_hist[i] += level[u]
-            mass[i] += acc[u]
+                acc[j & (COPIES - 1), inside[j], exponent] += mantissa
+
+    @_jit
+    def _count_maximal(row, inside, floor, everything):
+        count, count_in = 0, 0
+        for j in range(row.shape[0]):
+            hit = 1 if everything or row[j] >= floor else 0
+            count += hit
+            count_in += hit & inside[j]
+        return count, count_in
+
+    @_jit
+    def _fused_maps(first, last, flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, want,
+                    maximal, curve_hist, level_hist, mass):
+        p, t = flat.shape[1], thresholds.shape[0]
+        steps = np.float32(t - 1)
+        curve = np.empty(COPIES * 2 * (t + 1), dtype=np.int32)
+        level = np.empty(COPIES * 2 * 256, dtype=np.int32)
+        acc = np.empty((COPIES, 2, 255), dtype=np.int64)
+        m = np.empty(BLOCK, dtype=np.float32)
+        bins = np.empty(BLOCK, dtype=np.int32)
+        for i in range(first, last):
+            curve[:] = 0
+            if want & 2:
+                level[:] = 0
+            if want & 4:
+                acc[:] = 0
+            row, inside = flat[i], region[i].view(np.uint8)
+            if want & 1:
+                maximal[i, 0], maximal[i, 1] = _count_maximal(row, inside, max_floor[i], all_maximal[i])
+            for start in range(0, p, BLOCK):
+                n = min(BLOCK, p - start)
+                values, flags, block, where = m[:n], inside[start:start + n], bins[:n], row[start:start + n]
+                _normalise(where, shift[i], divisor[i], zero_map[i], values)
+                if uniform:
+                    _uniform_bins(values, flags, steps, np.int32(t + 1), block)
+                else:
+                    _searched_bins(values, flags, thresholds, np.int32(t + 1), block)
+                _histogram(block, curve)
+                if want & 2:
+                    _level_bins(values, flags, block)
+                    _histogram(block, level)
+                if want & 4:
+                    _add_mass(values, flags, acc)
+            _merge(curve, curve_hist[i].ravel())
+            if want & 2:
+                _merge(level, level_hist[i].ravel())
+            if want & 4:
+                _merge(acc.ravel(), mass[i].ravel())
 
     @numba.njit(cache=True, nogil=True, parallel=True)
-    def _fused_kernel(flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255, want,
-                      maximal, curve_hist, level_hist, mass):
+    def _fused_kernel(flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, want,
+                      maximal, curve_hist, level_hist, mass, chunks):
         """Per map i: maximal[i] = (#maximal, #maximal inside); curve_hist[i, inside, reached];
         level_hist[i, inside, uint8 level]; mass[i, inside, exponent] += mantissa of the positive normalised value."""
-        for i in numba.prange(flat.shape[0]):
-            _fused_map(i, flat, region, max_floor, all_maximal, shift, divisor, zero_map, thresholds, uniform, steps, c255,
-                       want, maximal, curve_hist, level_hist, mass)
+        n = flat.shape[0]
+        for c in numba.prange(chunks):  # one set of scratch buffers per chunk of maps
+            _fused_maps(c * n // chunks, (c + 1) * n // chunks, flat, region, max_floor, all_maximal, shift, divisor, zero_map,
+                        thresholds, uniform, want, maximal, curve_hist, level_hist, mass)
 
     @_jit
     def _auroc_maps(first, last, flat, region, twice, positives):
@@ -250,10 +315,14 @@ def _flat(maps: torch.Tensor, masks: torch.Tensor) -> tuple[np.ndarray, np.ndarr
 def map_range(flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """``hi, lo`` ``[N, 1]`` float32 of each row (``amax``/``amin``); ValueError for NaN or inf."""
     n = flat.shape[0]
-    hi, lo, bad = np.empty(n, np.float32), np.empty(n, np.float32), np.zeros(n, np.bool_)
+    hi, lo, bad = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.bool_)
     if flat.shape[1]:
-        _range_kernel(flat, hi, lo, bad)
+        _threads(n)
+        _range_kernel(flat.view(np.int32), hi, lo, bad)
     _raise_if_bad(bad)
+    # back from keys to float32 (the key map is its own inverse); of -0 and +0 it keeps +0 as the max and -0 as the
+    # min, which no count depends on (every comparison, the sign-free tolerance and m > 0 treat them alike)
+    hi, lo = ((k ^ ((k >> 31) & 0x7FFFFFFF)).astype(np.int32).view(np.float32) for k in (hi, lo))
     return torch.from_numpy(hi)[:, None], torch.from_numpy(lo)[:, None]
 
 
@@ -277,10 +346,10 @@ def _normalisation(hi, lo, constant, normalize: str):
 
 
 def _uniform(thresholds: torch.Tensor) -> bool:
-    from xbench_pl.metrics.functional import default_thresholds
-
+    """Whether ``thresholds`` (float32) are ``k / (T - 1)`` as float32 divisions, as ``_uniform_bins`` computes them
+    (``default_thresholds`` rounds from float64, which gives the same values for every grid tested)."""
     t = thresholds.numel()
-    return t >= 2 and torch.equal(thresholds, default_thresholds(1 / (t - 1), thresholds.dtype))
+    return t >= 2 and torch.equal(thresholds, torch.arange(t, dtype=torch.float32) / torch.tensor(t - 1, dtype=torch.float32))
 
 
 def _threads(n: int) -> int:
@@ -320,10 +389,9 @@ def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.
     levels = np.zeros((n, 2, 256), np.int64)
     mass = np.zeros((n, 2, 255), np.int64)
     if n and p:
-        _threads(n)
         _fused_kernel(flat, region, max_floor[:, 0].numpy(), constant[:, 0].numpy(), shift[:, 0].contiguous().numpy(),
                       divisor[:, 0].contiguous().numpy(), zero[:, 0].contiguous().numpy(), thresholds.numpy(), _uniform(thresholds),
-                      np.float32(t - 1), np.float32(255), want, maximal, curve, levels, mass)
+                      want, maximal, curve, levels, mass, _threads(n))
     curve, levels = torch.from_numpy(curve), torch.from_numpy(levels)
     return {"maximal": torch.from_numpy(maximal), "curve": curve, "levels": levels, "mass": mass,
             "region": curve[:, 1].sum(1), "pixels": p}
