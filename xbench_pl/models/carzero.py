@@ -61,6 +61,7 @@ from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_a
 from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
+from xbench_pl.models.prompts import EmbeddingCache
 
 PREFIX = "CARZero."
 ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
@@ -236,7 +237,7 @@ class CARZero(ZeroShotModel):
         if self.last_layers > len(self.text.encoder.layer) + 1:
             raise ValueError(f"architecture {architecture!r}: last_layers {self.last_layers} > the BERT's hidden states")
         self.preprocess = preprocess_from(config)
-        self._text_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._text_cache = EmbeddingCache()
         load_or_warn(self, weights)
 
     def build(self, config: dict, base: Path) -> None:
@@ -290,12 +291,12 @@ class CARZero(ZeroShotModel):
     @torch.no_grad()
     def text_embeddings(self, prompts: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached ``(sentences [C, D], text memory [C, 1 + max_length, D])`` per (prompts, device)."""
-        key = (tuple(prompts), str(self.device))
-        if key not in self._text_cache:
+        def encode() -> tuple[torch.Tensor, torch.Tensor]:
             with torch.autocast(self.device.type, enabled=False):
                 sentences, words, _ = self.encode_text(prompts)
-            self._text_cache[key] = (sentences.float(), torch.cat([sentences[:, None], words], dim=1).float())
-        return self._text_cache[key]
+            return sentences.float(), torch.cat([sentences[:, None], words], dim=1).float()
+
+        return self._text_cache.get_or_compute(tuple(prompts), self.device, encode)
 
     # -- inference -----------------------------------------------------------------------------
     def head(self, decoded: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,7 @@ from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_a
 from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatches, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           resolve_file, sized_architecture)
+from xbench_pl.models.prompts import EmbeddingCache
 
 TOKENIZER_HINT = ("the Med-KEBERT tokenizer files from a local folder (tokenizer=DIR): vocab.txt (required), "
                   "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
@@ -170,7 +171,7 @@ class KAD(ZeroShotModel):
         build_weights(lambda: self.build(config, base, tokenizer), random_init=weights is None)
         self.attn_layers = list(config.get("attn_layers", [-1]))
         self.preprocess = preprocess_from(config)
-        self._query_cache: dict[tuple, torch.Tensor] = {}
+        self._query_cache = EmbeddingCache()
         load_or_warn(self, weights)
 
     def build(self, config: dict, base: Path, tokenizer: str | None) -> None:
@@ -228,12 +229,12 @@ class KAD(ZeroShotModel):
     @torch.no_grad()
     def query_embeddings(self, texts: tuple[str, ...]) -> torch.Tensor:
         """``[Q, D]`` query embeddings (not normalised), cached per (texts, device)."""
-        key = (tuple(texts), str(self.device))
-        if key not in self._query_cache:
+        def encode() -> torch.Tensor:
             tokens = self.tokenize(texts)
             with torch.autocast(self.device.type, enabled=False):
-                self._query_cache[key] = self.text(tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)).float()
-        return self._query_cache[key]
+                return self.text(tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)).float()
+
+        return self._query_cache.get_or_compute(tuple(texts), self.device, encode)
 
     # -- inference -----------------------------------------------------------------------------
     def decode(self, images: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:

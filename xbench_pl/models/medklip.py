@@ -79,6 +79,7 @@ from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_a
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
 from xbench_pl.models.local_files import checkpoint_file, local_file, local_files, local_folder, preprocess_from, sized_architecture
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
+from xbench_pl.models.prompts import EmbeddingCache
 
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
 CACHE_FORMAT = 1
@@ -363,7 +364,7 @@ class MedKLIP(ZeroShotModel):
 
         build_weights(lambda: self.build(config), random_init=weights is None)
         self.preprocess = preprocess_from(config)
-        self._query_cache: dict[tuple, torch.Tensor] = {}
+        self._query_cache = EmbeddingCache()  # of the text encoder's outputs: loading model weights leaves it valid
         load_or_warn(self, weights)
 
     # -- architecture ----------------------------------------------------------------------------
@@ -511,10 +512,7 @@ class MedKLIP(ZeroShotModel):
     @torch.no_grad()
     def query_embeddings(self, texts: tuple[str, ...]) -> torch.Tensor:
         """``[Q, 768]`` query embeddings on the model's device, kept per (texts, device)."""
-        key = (tuple(texts), str(self.device))
-        if key not in self._query_cache:
-            self._query_cache[key] = self.embed_texts(tuple(texts)).to(self.device)
-        return self._query_cache[key]
+        return self._query_cache.get_or_compute(tuple(texts), self.device, lambda: self.embed_texts(tuple(texts)).to(self.device))
 
     # -- inference -------------------------------------------------------------------------------
     def decode(self, images: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Prompt templates per finding, and a cache of their text embeddings.
+"""Prompt templates per finding, and the caches of text embeddings the models share.
 
 A template is a ``str.format`` pattern with the finding's name as ``{}`` or ``{finding}``:
 ``"{}"``, ``"no {}"``, ``"There is no {finding}"``. A prompt set has positive templates
@@ -11,8 +11,9 @@ config options to sweep.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,19 +59,15 @@ class PromptSet:
         return [fill(t, name) for name in classes for templates in self.polarities for t in templates]
 
 
-class TextEmbeddingCache:
-    """Unit text embeddings ``[C, P, D]`` (class, polarity, dim) per (prompt set, classes, device).
+class EmbeddingCache:
+    """Text embeddings of one model, computed once per (texts, device); iterating gives those keys.
 
-    One cache belongs to one model (its weights are part of the key implicitly); call ``clear``
-    when the weights change. Every prompt of a class list is encoded once, in batches of
-    ``batch_size`` through ``encode(texts) -> [N, D]``; later batches reuse the result.
+    The model's text weights are part of the key implicitly: a model whose embeddings depend on
+    its own weights clears its cache in ``load_state_dict``.
     """
 
-    def __init__(self, batch_size: int = 256):
-        if batch_size < 1:
-            raise ValueError(f"text batch_size must be positive, got {batch_size}")
-        self.batch_size = batch_size
-        self._store: dict[tuple, torch.Tensor] = {}
+    def __init__(self):
+        self._store: dict[tuple, Any] = {}
 
     def clear(self) -> None:
         self._store.clear()
@@ -78,16 +75,41 @@ class TextEmbeddingCache:
     def __len__(self) -> int:
         return len(self._store)
 
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._store)
+
+    def get_or_compute(self, texts: Hashable, device: torch.device, compute: Callable[[], Any]) -> Any:
+        """The value kept for ``(texts, device)``; ``compute()`` makes it the first time."""
+        key = (texts, str(device))
+        if key not in self._store:
+            self._store[key] = compute()
+        return self._store[key]
+
+
+class TextEmbeddingCache(EmbeddingCache):
+    """Unit text embeddings ``[C, P, D]`` (class, polarity, dim) per (prompt set, classes, device).
+
+    Every prompt of a class list is encoded once, in batches of ``batch_size`` through
+    ``encode(texts) -> [N, D]``; later batches reuse the result.
+    """
+
+    def __init__(self, batch_size: int = 256):
+        if batch_size < 1:
+            raise ValueError(f"text batch_size must be positive, got {batch_size}")
+        super().__init__()
+        self.batch_size = batch_size
+
     def get(
         self, prompts: PromptSet, classes: Sequence[str], device: torch.device, encode: Callable[[list[str]], torch.Tensor]
     ) -> torch.Tensor:
-        key = (prompts, tuple(classes), str(device))
-        if key not in self._store:
-            texts = prompts.texts(classes)
-            embeddings = torch.cat([encode(texts[i : i + self.batch_size]).float() for i in range(0, len(texts), self.batch_size)])
-            embeddings = F.normalize(embeddings, dim=-1)
-            per_polarity = [len(t) for t in prompts.polarities]
-            by_class = embeddings.view(len(classes), sum(per_polarity), -1)
-            ensembles = [chunk.mean(dim=1) for chunk in by_class.split(per_polarity, dim=1)]
-            self._store[key] = F.normalize(torch.stack(ensembles, dim=1), dim=-1)
-        return self._store[key]
+        return self.get_or_compute((prompts, tuple(classes)), device, lambda: self.ensembles(prompts, classes, encode))
+
+    def ensembles(self, prompts: PromptSet, classes: Sequence[str], encode: Callable[[list[str]], torch.Tensor]) -> torch.Tensor:
+        """Per class and polarity, its templates' unit embeddings averaged and re-normalised."""
+        texts = prompts.texts(classes)
+        embeddings = torch.cat([encode(texts[i : i + self.batch_size]).float() for i in range(0, len(texts), self.batch_size)])
+        embeddings = F.normalize(embeddings, dim=-1)
+        per_polarity = [len(t) for t in prompts.polarities]
+        by_class = embeddings.view(len(classes), sum(per_polarity), -1)
+        ensembles = [chunk.mean(dim=1) for chunk in by_class.split(per_polarity, dim=1)]
+        return F.normalize(torch.stack(ensembles, dim=1), dim=-1)
