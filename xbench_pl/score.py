@@ -60,6 +60,28 @@ def score_host() -> SimpleNamespace:
                            world_size=1, num_nodes=1)
 
 
+def metrics_replayer(datamodule: XBenchDataModule, **settings) -> Replayer:
+    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) holding the metrics of every dataset of
+    ``datamodule``, created in the order a test run creates them."""
+    replayer = Replayer(**settings)
+    for spec in datamodule.dataset_specs:
+        replayer.add_dataset(spec.name, spec.classes)
+    return replayer
+
+
+def compute_tables(replayer: Replayer) -> dict[str, dict]:
+    """Every dataset's table: ``{dataset: BenchmarkMetrics.compute()}``."""
+    with torch.inference_mode():
+        return {name: table.compute() for name, table in replayer.benchmark.items()}
+
+
+def publish_scores(out: str, started: float, scored_from: str, **report) -> Path:
+    """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
+    one CPU process, ``scored_from`` the store or maps folder."""
+    report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
+    return publish_report(report, out)
+
+
 def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
     """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
     ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
@@ -68,9 +90,7 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
         raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
                          f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
                          "which redoes their images")
-    replayer = Replayer(**metrics)
-    for spec in datamodule.dataset_specs:  # in the order a test run creates them
-        replayer.add_dataset(spec.name, spec.classes)
+    replayer = metrics_replayer(datamodule, **metrics)
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
         seen: set[str] = set()
@@ -86,9 +106,7 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
 
 def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
     """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store``)."""
-    replayer = replay_store(store, datamodule, metrics, chunk)
-    with torch.inference_mode():
-        return {name: table.compute() for name, table in replayer.benchmark.items()}
+    return compute_tables(replay_store(store, datamodule, metrics, chunk))
 
 
 class UsageProblem(ValueError):
@@ -157,11 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    report = build_report(model=run.stored.get("model_name") or run.config.get("model", {}).get("class_path", "model"),
-                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
-                          random_weights=bool(run.stored.get("random_weights")),
-                          provenance={**provenance(score_host(), started), "scored_from": str(Path(folder))})
-    out = publish_report(report, run.args.out)
+    out = publish_scores(run.args.out, started, str(Path(folder)),
+                         model=run.stored.get("model_name") or run.config.get("model", {}).get("class_path", "model"),
+                         results=results, problems=datamodule_problems(run.datamodule), config=run.config,
+                         random_weights=bool(run.stored.get("random_weights")))
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 

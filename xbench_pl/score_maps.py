@@ -43,11 +43,9 @@ from xbench_pl.data.io import DataError, Problem, read_image_size
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.external_maps import parse_chexlocalize_name, read_chexlocalize_pickle
 from xbench_pl.geometry import Preprocess
+from xbench_pl.metrics.recognition import RECOGNITION_KEYS
 from xbench_pl.predictions import Replayer, replay
 from xbench_pl.registry import read_config
-from xbench_pl.report import build_report, provenance, publish_report
-
-RECOGNITION_KEYS = ("auroc", "auprc", "f1", "hamming_acc", "ece")
 
 
 def finding_name(name: str, dataset: str, classes: list[str]) -> str | None:
@@ -180,14 +178,15 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
 
 
 def grounding_only(table: dict) -> dict:
-    """Null the recognition keys of a table made without scores."""
-    for row in [*table["classes"].values(), table["mean"]]:
+    """Null the recognition keys of a table made without scores (their bootstrap intervals too)."""
+    ci = table.get("ci") or {"classes": {}, "mean": {}}
+    for row in [*table["classes"].values(), table["mean"], *ci["classes"].values(), ci["mean"]]:
         row.update({k: None for k in RECOGNITION_KEYS if k in row})
     return table
 
 
 def main(argv: list[str]) -> int:
-    from xbench_pl.score import build_parser, score_host
+    from xbench_pl.score import build_parser, compute_tables, metrics_replayer, publish_scores
 
     started = time.time()
     folder, rest = take_option(list(argv), "--maps")
@@ -215,38 +214,34 @@ def main(argv: list[str]) -> int:
     chosen = args.data.as_dict()
     metrics = {k: getattr(args, k) for k in ("normalize", "fixed_threshold", "score_threshold")}
     try:
-        preprocess = None
+        preprocess, preprocess_config = None, None
         if (folder / "preprocess.json").is_file():
             try:
-                preprocess = Preprocess(**json.loads((folder / "preprocess.json").read_text()))
+                preprocess_config = json.loads((folder / "preprocess.json").read_text())
+                preprocess = Preprocess(**preprocess_config)
             except (ValueError, TypeError) as error:
                 raise DataError(folder / "preprocess.json", f"not a Preprocess ({error})") from None
         scores = read_scores(folder / "scores.csv") if (folder / "scores.csv").is_file() else {}
         files = index_maps(folder)
         datamodule = datamodule_class(**chosen)
-        replayer = Replayer(**metrics, cxl=args.cxl)
-        replayer.bootstrap = args.bootstrap
-        for spec in datamodule.dataset_specs:
-            replayer.add_dataset(spec.name, spec.classes)
+        replayer = metrics_replayer(datamodule, **metrics, cxl=args.cxl, bootstrap=args.bootstrap)
         scored = {}
         for child in datamodule.datamodules:
             scored[child.name] = score_dataset(child, files, scores, preprocess, replayer, args.chunk)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    with torch.inference_mode():
-        results = {n: table.compute() for n, table in replayer.benchmark.items()}
+    results = compute_tables(replayer)
     for n, (_, all_scored) in scored.items():
         if not all_scored:
             grounding_only(results[n])
     config = {"maps": str(folder), "data": {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}",
                                             "init_args": chosen},
               "model": {"init_args": {**metrics, "cxl": args.cxl, "bootstrap": args.bootstrap},
-                        "preprocess": None if preprocess is None else json.loads((folder / "preprocess.json").read_text()),
+                        "preprocess": preprocess_config,
                         "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
-    report = build_report(model=f"maps:{folder.name}", results=results, problems=datamodule_problems(datamodule), config=config,
-                          provenance={**provenance(score_host(), started), "scored_from": str(folder)})
-    out = publish_report(report, args.out)
+    out = publish_scores(args.out, started, str(folder), model=f"maps:{folder.name}", results=results,
+                         problems=datamodule_problems(datamodule), config=config)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
           f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
     return 0
