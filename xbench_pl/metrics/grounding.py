@@ -52,6 +52,7 @@ def shared_pass():
         _shared["active"] -= 1
         if not _shared["active"]:
             _shared.pop("last", None)
+            _shared.pop("regions", None)
 
 
 def shared_counts(maps: torch.Tensor, masks: torch.Tensor, normalize: str | None = None,
@@ -73,6 +74,18 @@ def shared_counts(maps: torch.Tensor, masks: torch.Tensor, normalize: str | None
     if _shared.get("active"):
         _shared["last"] = entry
     return entry
+
+
+def has_region(masks: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool, whether each pair's region is non-empty; inside ``shared_pass`` computed once per ``masks``
+    tensor, not once per metric."""
+    entry = _shared.get("regions")
+    if entry is not None and entry[0]() is masks:
+        return entry[1]
+    keep = masks.flatten(1).any(1)
+    if _shared.get("active"):
+        _shared["regions"] = (weakref.ref(masks), keep)
+    return keep
 
 
 def _auroc(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
@@ -109,7 +122,7 @@ class _PairMetric(Metric):
     def _select(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor):
         if maps.shape != masks.shape or maps.dim() != 3 or class_index.shape != maps.shape[:1]:
             raise ValueError(f"expected maps/masks [N, H, W] and class_index [N], got {tuple(maps.shape)}, {tuple(masks.shape)}, {tuple(class_index.shape)}")
-        keep = masks.flatten(1).any(1)
+        keep = has_region(masks)
         cls = class_index[keep].long()
         # out-of-place updates: in-place ops on states double-count under some strategies
         self.pairs = self.pairs + torch.bincount(cls, minlength=self.num_classes)
@@ -299,7 +312,7 @@ class FindingSpecificity(Metric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, sample_index: torch.Tensor) -> None:
         values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64, device=maps.device)
-        keep = masks.flatten(1).any(1)
+        keep = has_region(masks)
         for image in torch.unique(sample_index[keep]).tolist():
             rows = (keep & (sample_index == image)).nonzero().flatten()
             values[rows] = finding_specificity(maps[rows], masks[rows]).to(values.device)
