@@ -217,3 +217,15 @@ def test_cxl_keys_get_intervals_from_the_same_draws():
                           for k in range(3)] for r in range(resamples)])
         for k, name in enumerate("ABC"):
             np.testing.assert_allclose(ci["classes"][name][key], np.nanquantile(reps[:, k], [0.025, 0.975]), atol=1e-9)
+
+
+def test_grounding_only_tables_null_recognition_intervals_too():
+    from xbench_pl.score_maps import grounding_only
+
+    x = patient_inputs(seed=12)
+    bench = BenchmarkMetrics(["A", "B", "C"], bootstrap=20)
+    feed_keyed(bench, x, list(range(len(x["ids"]))))
+    table = grounding_only(bench.compute())
+    for row in (table["mean"], table["ci"]["mean"], table["ci"]["classes"]["B"]):
+        assert all(row[k] is None for k in RECOGNITION_KEYS)
+    assert table["ci"]["mean"]["pointing_game"] is not None and table["ci"]["mean"]["map_similarity"] is not None
