@@ -10,6 +10,8 @@
 * ``query_decoder``: ``QueryDecoder``, a DETR-style pre-norm transformer decoder (queries
   self-attend, then cross-attend to patch tokens; no positional encodings) returning the
   decoded queries and every layer's head-averaged cross-attention ``[L, B, Q, N]``.
+* ``hf_blocks``: the Hugging Face key-level blocks (``Dense``, ``SelfAttention``) that both the
+  BERT and the ViT are built of.
 * ``pooling``: ``AttentionPool2d`` (CLIP's ResNet attention pooling, MAVL's global branch)
   -> one global feature per image.
 

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from xbench_pl.models.layers.hf_blocks import Dense, SelfAttention
+
 
 class ResNetPatches(nn.Module):
     """torchvision ResNet-50 trunk up to ``stage`` 3 (stride 16, 1024 channels) or 4 (stride 32,
@@ -43,25 +45,11 @@ class ResNetPatches(nn.Module):
 
 
 # -- ViT-B/16 in the Hugging Face ViTModel layout of google/vit-base-patch16-224-in21k ----------
-class _Linear(nn.Module):
-    """A module holding one ``dense`` Linear (Hugging Face's ``*.dense`` key level)."""
-
-    def __init__(self, fan_in: int, fan_out: int):
-        super().__init__()
-        self.dense = nn.Linear(fan_in, fan_out)
-
-
-class _SelfAttention(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.query, self.key, self.value = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
-
-
 class _Attention(nn.Module):
     def __init__(self, width: int):
         super().__init__()
-        self.attention = _SelfAttention(width)
-        self.output = _Linear(width, width)
+        self.attention = SelfAttention(width)
+        self.output = Dense(width, width)
 
 
 class _ViTLayer(nn.Module):
@@ -69,8 +57,8 @@ class _ViTLayer(nn.Module):
         super().__init__()
         self.heads = heads
         self.attention = _Attention(width)
-        self.intermediate = _Linear(width, mlp)
-        self.output = _Linear(mlp, width)
+        self.intermediate = Dense(width, mlp)
+        self.output = Dense(mlp, width)
         self.layernorm_before = nn.LayerNorm(width, eps=eps)
         self.layernorm_after = nn.LayerNorm(width, eps=eps)
 

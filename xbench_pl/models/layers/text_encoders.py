@@ -17,26 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class _Dense(nn.Module):
-    def __init__(self, fan_in: int, fan_out: int, eps: float | None = None):
-        super().__init__()
-        self.dense = nn.Linear(fan_in, fan_out)
-        if eps is not None:
-            self.LayerNorm = nn.LayerNorm(fan_out, eps=eps)
-
-
-class _SelfAttention(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.query, self.key, self.value = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
+from xbench_pl.models.layers.hf_blocks import Dense, SelfAttention
 
 
 class _Attention(nn.Module):
     def __init__(self, width: int, eps: float):
         super().__init__()
-        self.self = _SelfAttention(width)
-        self.output = _Dense(width, width, eps)
+        self.self = SelfAttention(width)
+        self.output = Dense(width, width, eps)
 
 
 class _BertLayer(nn.Module):
@@ -44,8 +32,8 @@ class _BertLayer(nn.Module):
         super().__init__()
         self.heads = heads
         self.attention = _Attention(width, eps)
-        self.intermediate = _Dense(width, intermediate)
-        self.output = _Dense(intermediate, width, eps)
+        self.intermediate = Dense(width, intermediate)
+        self.output = Dense(intermediate, width, eps)
 
     def forward(self, x: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
         attn = self.attention.self
@@ -102,7 +90,7 @@ class BertModel(nn.Module):
         self.embeddings = _Embeddings(vocab_size, hidden_size, max_position_embeddings, type_vocab_size, layer_norm_eps, pad_token_id)
         self.encoder = _Encoder(num_hidden_layers, width=hidden_size, heads=num_attention_heads,
                                 intermediate=intermediate_size, eps=layer_norm_eps)
-        self.pooler = _Dense(hidden_size, hidden_size) if add_pooling_layer else None
+        self.pooler = Dense(hidden_size, hidden_size) if add_pooling_layer else None
         self.apply(self._init)
 
     @staticmethod
