@@ -65,6 +65,7 @@ def test_kernels_equal_the_torch_reference_bit_for_bit(levels, mode):
     assert same(kernels.otsu_dice_iou(maps, masks, mode), reference(otsu_dice_iou, normal, masks))
     assert same(pixel_auroc(maps, masks), reference(pixel_auroc, maps, masks))
     assert same(finding_specificity(maps[:5], masks[:5]), reference(finding_specificity, maps[:5], masks[:5]))
+    assert same(functional.area_fraction(masks), reference(functional.area_fraction, masks))
     energy, expected = kernels.energy_pointing(maps, masks, mode), reference(energy_pointing, normal, masks)
     assert torch.equal(energy.isnan(), expected.isnan())
     assert torch.allclose(energy.nan_to_num(0), expected.nan_to_num(0), rtol=1e-15, atol=0)

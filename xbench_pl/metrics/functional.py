@@ -139,7 +139,8 @@ def area_fraction(masks: torch.Tensor) -> torch.Tensor:
     """Per pair, the share of the image the region covers ``[N]`` (float64): the Pointing Game's
     chance level (a map pointing uniformly at random hits with this probability)."""
     region = masks.flatten(1).bool()
-    return region.sum(1).double() / region.shape[1]
+    pixels = kernels.region_pixels(region) if kernels.available() and region.device.type == "cpu" else region.sum(1)
+    return pixels.double() / region.shape[1]
 
 
 def pointing_lift(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:

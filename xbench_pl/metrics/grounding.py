@@ -313,7 +313,8 @@ class FindingSpecificity(Metric):
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, sample_index: torch.Tensor) -> None:
         values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64, device=maps.device)
         keep = has_region(masks)
-        for image in torch.unique(sample_index[keep]).tolist():
+        images, regions = torch.unique(sample_index[keep], return_counts=True)
+        for image in images[regions > 1].tolist():  # an image with one region stays NaN: skip copying its maps
             rows = (keep & (sample_index == image)).nonzero().flatten()
             values[rows] = finding_specificity(maps[rows], masks[rows]).to(values.device)
         ok = ~torch.isnan(values)
