@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from test_cli import cli
 
-from xbench_pl.cli import COMMANDS, SUMMARIES, main
+from xbench_pl.cli import COMMANDS, SUMMARIES, TRAINER_COMMANDS, main
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_help_lists_every_command(capsys):
     code, out, _ = run(capsys, "--help")
     commands = re.findall(r"^  (\w+)  +(\S.*)$", out.split("commands:")[1].split("options:")[0], re.M)
     assert code == 0 and [c for c, _ in commands] == list(SUMMARIES) and all(summary for _, summary in commands)
-    assert set(SUMMARIES) == {"test", *COMMANDS} and {"describe", "score"} <= set(COMMANDS)  # each command has its line
+    assert set(SUMMARIES) == {*TRAINER_COMMANDS, *COMMANDS} and {"describe", "score"} <= set(COMMANDS)  # each command has its line
     code, _, err = run(capsys, "frobnicate")
     assert (code, err) == (2, f"error: unknown command 'frobnicate'; commands: {', '.join(SUMMARIES)} (see python -m xbench_pl --help)\n")
 

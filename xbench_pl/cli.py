@@ -1,11 +1,15 @@
-"""``python -m xbench_pl COMMAND ...``: ``test`` (a LightningCLI) and ``describe`` (a module).
+"""``python -m xbench_pl COMMAND ...``: ``test`` and ``fit`` (a LightningCLI) and ``describe`` (a module).
 
 ``test --model NAME --data NAME [--data.*] [--trainer.*] [--out DIR]``: ``--model``/``--data``
 take a registered name (resolved to its config file, ``xbench_pl.registry``), a class path, or
 a YAML file; ``--model.ARG``/``--data.ARG`` override init args; ``--print_config`` and
 ``--config FILE`` work as usual. ``test`` writes ``OUT/metrics.json`` and ``OUT/metrics.md``
-and prints the per-dataset table. Other commands are modules with ``main(argv) -> int``
-(``COMMANDS``), imported only when called.
+and prints the per-dataset table. ``fit`` (same options, plus ``--data.val_fraction``,
+``--data.split_seed``, ``--data.fit_split`` and ``--model.trainable``/``lr``/``weight_decay``)
+fine-tunes on the dataset's training split, validates every epoch with the benchmark's metrics,
+and writes ``OUT/checkpoints/last.ckpt`` (``test --ckpt_path`` loads it), ``OUT/split.csv`` and
+``OUT/fit.json``. Other commands are modules with ``main(argv) -> int`` (``COMMANDS``), imported
+only when called.
 
 Expected user errors (a bad option value, a missing file or folder, bad data, a checkpoint
 that does not fit) end the command with one ``error: ...`` line and exit status 2;
@@ -17,14 +21,17 @@ off; the progress bar and warnings stay.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
+import pickle
 import re
 import sys
 import time
 import traceback
 import warnings
 from argparse import ArgumentError
+from pathlib import Path
 from typing import Optional
 
 import yaml
@@ -34,10 +41,14 @@ from xbench_pl.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.registry import UnknownName, config_path
-from xbench_pl.report import build_report, provenance, publish_report
+from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
 DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
+FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
+#: the Lightning Trainer verbs this CLI runs (LightningCLI subcommands)
+TRAINER_COMMANDS = ("test", "fit")
 #: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily; they share
 #: argv helpers with this module through ``xbench_pl.arguments``, never by importing it
 COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score",
@@ -45,6 +56,7 @@ COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "repor
 #: one line per command for ``--help``
 SUMMARIES = {
     "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
+    "fit": "fine-tune a model on a dataset's training split, validating every epoch with the benchmark's metrics",
     "describe": "count a dataset's images, positives and regions per finding and list its input problems",
     "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
     "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
@@ -83,8 +95,12 @@ def resolve_names(argv: list[str]) -> list[str]:
 
 
 def report_config(settings: dict) -> dict:
-    """The config ``metrics.json`` records (and a prediction store's manifest): model, data, precision."""
-    return {"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")}
+    """The config ``metrics.json`` records (and a prediction store's manifest): model, data, precision,
+    and the checkpoint whose weights replaced the model's (``--ckpt_path``, only when given)."""
+    config = {"model": settings["model"], "data": settings["data"], "precision": settings["trainer"].get("precision")}
+    if settings.get("ckpt_path"):
+        config["ckpt_path"] = settings["ckpt_path"]
+    return config
 
 
 class XBenchCLI(LightningCLI):
@@ -94,7 +110,8 @@ class XBenchCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {"test": {"model", "dataloaders", "datamodule"}}  # zero-shot benchmarking: nothing to fit
+        return {"test": {"model", "dataloaders", "datamodule"},  # Lightning's skip sets
+                "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
@@ -116,12 +133,69 @@ class XBenchCLI(LightningCLI):
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
 
     def instantiate_trainer(self, **kwargs):
+        if self.subcommand == "fit":
+            kwargs = {**kwargs, **self.fit_checkpointing()}
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except (TypeError, ValueError) as error:  # Trainer's own checks of its arguments
             raise UsageError(f"--trainer: {error}") from error
         self.add_prediction_store(trainer)
         return trainer
+
+    def fit_checkpointing(self) -> dict:
+        """``fit`` keeps ``last.ckpt`` (overwritten every epoch) unless checkpointing is off or the user
+        gave a ``ModelCheckpoint`` of their own: the trainer's callbacks with ours added."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        config = self._get(self.config_init, "trainer", default={})
+        given = config.get("callbacks") or []
+        given = list(given) if isinstance(given, list) else [given]
+        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        if not config.get("enable_checkpointing", True) or any(isinstance(c, ModelCheckpoint) for c in given + extra):
+            return {}
+        return {"callbacks": [*given, ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False)]}
+
+    def before_fit(self) -> None:
+        settings = self.settings()
+        if settings.get("predictions") or settings.get("resume"):
+            raise UsageError("--predictions and --resume belong to test: fit keeps checkpoints (OUT/checkpoints)")
+        if self.datamodule.datamodules != [self.datamodule]:
+            raise UsageError(f"--data: fit trains on one dataset; {self.datamodule.name} pools "
+                             f"{[dm.name for dm in self.datamodule.datamodules]} (fit on each with --data NAME)")
+        self.model.model_name = settings.get("model_name")
+        self.datamodule.split_out = Path(settings["out"]) / "split.csv"
+
+    def after_fit(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        settings = self.settings()
+        out = Path(settings["out"])
+        checkpoint = self.trainer.checkpoint_callback
+        path = (checkpoint.last_model_path or checkpoint.best_model_path) if checkpoint is not None else ""
+        record = {
+            "model": settings.get("model_name") or settings["model"]["class_path"],
+            "checkpoint": path or None,
+            "split": str(self.datamodule.split_out),
+            "images": {"train": len(self.datamodule.train_set), "val": len(self.datamodule.val_set),
+                       "source": self.datamodule.fit_source},
+            "problems": [problem.to_dict() for problem in self.datamodule.problems],  # inputs skipped or corrected
+            "trained_parameters": [n for n, p in self.model.named_parameters() if p.requires_grad],
+            "validation": self.model.val_history,
+            "config": report_config(settings),
+            "provenance": provenance(self.trainer, self.started),
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "fit.json").write_text(json.dumps(record, indent=2) + "\n")
+        if self.model.val_results:
+            epoch = self.model.val_history[-1]["epoch"]
+            print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
+            print(markdown_table({name: table["mean"] for name, table in self.model.val_results.items()}, "dataset"))
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        print(f"\nfit on {record['images']['train']} images from {record['images']['source']}; "
+              f"trained {trained:,} parameters ({len(record['trained_parameters'])} tensors)")
+        print(f"wrote {out / 'fit.json'} and the split {record['split']}")
+        if path:
+            print(f"checkpoint: {path}\n  test it: {PROG} test --model ... --data ... --ckpt_path {path}")
 
     def settings(self) -> dict:
         """The resolved options of this run's subcommand, as plain YAML data."""
@@ -158,7 +232,8 @@ class XBenchCLI(LightningCLI):
         )
         out = publish_report(report, settings["out"])
         if report["random_weights"]:
-            print(f"\nNOTE: {report['model']} has RANDOM weights (random_init, no checkpoint): these numbers only "
+            fitted = " fitted from" if settings.get("ckpt_path") else ""
+            print(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "
                   "smoke-test the set-up; the report says so (random_weights: true)")
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
 
@@ -180,30 +255,36 @@ def quiet_lightning(short_warnings: bool = True) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch >= 2.10
     warnings.filterwarnings("ignore", message=r".*does not have many workers")
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
     if short_warnings:
         warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
 
 
-def run_test(argv: list[str], from_command_line: bool) -> int:
+def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
+    """``test`` or ``fit`` (``TRAINER_COMMANDS``) through ``XBenchCLI``."""
     from xbench_pl.callbacks import wandb_offline_by_default
 
     wandb_offline_by_default()  # a WandbLogger runs offline unless WANDB_MODE says otherwise (sync later: wandb sync)
     resolved = resolve_names(argv)
-    # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table
-    resolved = ["--verbose", "false", *resolved]
+    # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table;
+    # a --ckpt_path is read with torch.load(weights_only=True), tensors and plain data only (the project's
+    # stance on weights files; --weights_only false is the opt-in for a checkpoint you trust)
+    resolved = ["--weights_only", "true", *resolved]
+    if command == "test":
+        resolved = ["--verbose", "false", *resolved]
     if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
-        sys.argv[1:] = ["test", *resolved]
+        sys.argv[1:] = [command, *resolved]
     XBenchCLI(
         ZeroShotModel,
         XBenchDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
-        args=None if from_command_line else ["test", *resolved],
-        trainer_defaults=TRAINER_DEFAULTS,
+        args=None if from_command_line else [command, *resolved],
+        trainer_defaults=FIT_TRAINER_DEFAULTS if command == "fit" else TRAINER_DEFAULTS,
         seed_everything_default=0,
         save_config_callback=None,
-        parser_kwargs={"prog": PROG, "description": SUMMARIES["test"], "exit_on_error": False,
-                       "test": {"exit_on_error": False}},
+        parser_kwargs={"prog": PROG, "description": SUMMARIES[command], "exit_on_error": False,
+                       **{c: {"exit_on_error": False} for c in TRAINER_COMMANDS}},
         auto_configure_optimizers=False,
     )
     return 0
@@ -248,11 +329,11 @@ def _last_line(message: str) -> str:
 def argument_message(error: ArgumentError) -> str:
     """jsonargparse's nested parse error as one line: the option and the innermost complaint."""
     text = str(error)
-    keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k != "test"]
+    keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k not in TRAINER_COMMANDS]
     innermost = _chain(error)[-1]
     message = str(innermost).strip().splitlines()[0] if str(innermost).strip() else text.strip().splitlines()[0]
     message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
-    message = re.sub(r"\btest\.(\w)", r"--\1", message)  # "required: test.data" -> "--data"
+    message = re.sub(r"\b(?:test|fit)\.(\w)", r"--\1", message)  # "required: test.data" -> "--data"
     class_path = re.search(r"Problem with given class_path '([\w.]+)'", text)
     if class_path and isinstance(innermost, ImportError):
         message = f"cannot import {class_path.group(1)}: {message}"
@@ -274,6 +355,14 @@ def user_error_message(error: BaseException) -> str | None:
     if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
         return argument_message(error)
     own = next((e for e in chain if isinstance(e, _own_errors())), None)
+    if own is None and any(isinstance(e, pickle.UnpicklingError) for e in chain):  # Lightning's torch.load of --ckpt_path
+        return ("--ckpt_path: the checkpoint holds more than tensors and plain data, so it is not loaded (weights_only); "
+                "for a file you trust only: --weights_only false")
+    loading = next((e for e in chain if isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")),
+                   None)
+    if own is None and loading is not None:  # Lightning's strict load of a --ckpt_path into --model
+        details = " ".join(line.strip() for line in str(loading).splitlines()[1:])
+        return f"--ckpt_path: the checkpoint does not fit --model: {details[:400]}{' ...' if len(details) > 400 else ''}"
     if own is None:  # the innermost plain user error: jsonargparse wraps a class's own ValueError in its own
         own = next((e for e in reversed(chain) if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError))), None)
     if own is None:
@@ -314,13 +403,13 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in COMMANDS and command != "test":
+    if command not in COMMANDS and command not in TRAINER_COMMANDS:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
     try:
         if command in COMMANDS:
             return importlib.import_module(COMMANDS[command]).main(rest)
-        return run_test(rest, from_command_line)
+        return run_trainer(command, rest, from_command_line)
     except Exception as error:
         message = None if debug else user_error_message(error)
         if message is None:

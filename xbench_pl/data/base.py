@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
@@ -189,6 +189,10 @@ class XBenchDataModule(L.LightningDataModule):
             ``XBENCH_CACHE_DIR`` environment variable, else no cache. Results do not depend on it.
         max_side: decode images to at most this long side before preprocessing (geometry stays
             exact, see ``ImageStore``); ``None`` (default) keeps full resolution.
+        val_fraction, split_seed: ``fit`` only: the share of patients (images where the dataset records
+            none) held out for validation, and the seed of that split and of the training shuffle
+            (``xbench_pl.data.splits``; official splits are used where the dataset has one).
+        fit_split: ``fit`` only: a split file an earlier ``fit`` wrote (``OUT/split.csv``) to use instead.
 
     ``problems`` lists every bad input found (skipped, or corrected such as clipped boxes): the
     single source of what a run reports. Setup checks every image once, in parallel over
@@ -214,8 +218,19 @@ class XBenchDataModule(L.LightningDataModule):
         preprocess: Preprocess | None = None,
         cache_dir: str | None = None,
         max_side: int | None = None,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        fit_split: str | None = None,
     ):
         super().__init__()
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+        self.val_fraction, self.split_seed, self.fit_split = float(val_fraction), int(split_seed), fit_split
+        # fit's sets (setup("fit")), where their images come from (splits.fit_pool), and where to save the split
+        self.train_set: XBenchDataset | None = None
+        self.val_set: XBenchDataset | None = None
+        self.fit_source = ""
+        self.split_out: Path | None = None
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if eval_size < 1:
@@ -273,7 +288,32 @@ class XBenchDataModule(L.LightningDataModule):
         return model.preprocess
 
     def setup(self, stage: str | None = None) -> None:
-        self.build_test_set(self.resolve_preprocess())
+        if stage in ("fit", "validate"):
+            self.build_fit_sets(self.resolve_preprocess())
+        else:
+            self.build_test_set(self.resolve_preprocess())
+
+    def build_fit_sets(self, preprocess: Preprocess) -> None:
+        """``fit``'s training and validation sets (``xbench_pl.data.splits``): the dataset's official
+        non-test images where it has them, split by patient (or read from ``fit_split``); the split is
+        written to ``split_out`` when set (rank zero only: every rank computes the same split)."""
+        from xbench_pl.data import splits
+
+        if self.train_set is None:
+            pool, self.fit_source = splits.fit_pool(self)
+            if self.fit_split:
+                assignment = splits.read_split(self.fit_split, pool, self.report)
+                self.fit_source += f"; split as in {self.fit_split}"
+            else:
+                assignment = splits.patient_split(pool, self.val_fraction, self.split_seed)
+            chosen = {name: [r for r in pool if assignment.get(r.image_id) == name] for name in splits.SETS}
+            self.train_set = XBenchDataset(self.name, chosen["train"], self.classes, preprocess, self.eval_size, self.images)
+            self.val_set = XBenchDataset(self.name, chosen["val"], self.classes, preprocess, self.eval_size, self.images)
+            rank_zero = self.trainer is None or self.trainer.is_global_zero
+            if self.split_out is not None and rank_zero:
+                splits.write_split(self.split_out, pool, assignment)
+        for part in (self.train_set, self.val_set):
+            part.preprocess = preprocess
 
     def build_test_set(self, preprocess: Preprocess) -> None:
         """The evaluated set for ``preprocess``; records are read and checked once, on first use."""
@@ -369,7 +409,33 @@ class XBenchDataModule(L.LightningDataModule):
         return [by_id[i] for i in wanted if i in by_id]
 
     def test_dataloader(self) -> DataLoader:
+        if self.test_set is None:  # set up for fit: the evaluated set is built on first use
+            self.build_test_set(self.resolve_preprocess())
         return self.make_loader(self.test_set, skip=self.skip_ids)
+
+    def fit_set(self, which: str) -> XBenchDataset:
+        part = self.train_set if which == "train" else self.val_set
+        if part is None:
+            if self.datamodules != [self]:
+                raise ValueError(f"{self.name}: fit trains on one dataset; this module pools "
+                                 f"{[dm.name for dm in self.datamodules]}: fit on each with --data NAME")
+            raise ValueError(f"{self.name}: no {which} set: set up with stage 'fit' first")
+        return part
+
+    def train_dataloader(self) -> DataLoader:
+        """The training images, shuffled anew every epoch from ``split_seed`` (under DDP a plain
+        ``DistributedSampler``, which pads each rank to equal length; Lightning calls its ``set_epoch``)."""
+        dataset = self.fit_set("train")
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            sampler = DistributedSampler(dataset, shuffle=True, seed=self.split_seed)
+        else:
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(self.split_seed))
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          collate_fn=collate, persistent_workers=False)
+
+    def val_dataloader(self) -> DataLoader:
+        """The validation images, each exactly once over the ranks (``make_loader``, as testing)."""
+        return self.make_loader(self.fit_set("val"))
 
     def make_loader(self, dataset: XBenchDataset, skip: set[str] | frozenset = frozenset()) -> DataLoader:
         """Every sample of ``dataset`` but those whose image id is in ``skip``, each exactly once over the ranks."""

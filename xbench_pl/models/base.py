@@ -30,6 +30,7 @@ from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import read_tuned_thresholds
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
 from xbench_pl.metrics.resampling import image_key, unit_key
+from xbench_pl.models.prompts import EmbeddingCache
 
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
@@ -252,8 +253,9 @@ class ZeroShotModel(L.LightningModule):
         names = [name for name, _ in self.named_parameters()]
         chosen = {name for name in names if any(re.search(p, name) for p in patterns)}
         if not chosen:
+            example = f" (e.g. {', '.join(names[:3])}; set --model.trainable)" if names else ""
             raise ValueError(f"{type(self).__name__} has nothing to fit: trainable {patterns} matches none of its "
-                             f"{len(names)} parameters" + (f" (e.g. {', '.join(names[:3])}; set --model.trainable)" if names else ""))
+                             f"{len(names)} parameters{example}")
         for name, parameter in self.named_parameters():
             parameter.requires_grad_(name in chosen)
         self.frozen_modules = []
@@ -263,22 +265,22 @@ class ZeroShotModel(L.LightningModule):
             if name and not inside and state and not any(p.requires_grad for p in module.parameters()):
                 self.frozen_modules.append(name)
         self.gradients_checked = False
-        self.train(self.training)
+        self.train()  # Lightning keeps a module's mode: the families build theirs in eval mode
         return [name for name in names if name in chosen]
 
     def train(self, mode: bool = True):
         super().train(mode)
         if mode:
-            for name in self.frozen_modules:
+            for name in getattr(self, "frozen_modules", ()):  # none before __init__ has set them
                 self.get_submodule(name).eval()
         return self
 
     def clear_caches(self) -> None:
-        """Drop what the model caches from its weights: every instance attribute named ``*_cache`` with a
-        ``clear()`` (the families' text and query embeddings). While fitting the weights change every
-        step, and a cache filled under validation's inference mode cannot take part in autograd."""
-        for name, value in vars(self).items():
-            if name.endswith("_cache") and callable(getattr(value, "clear", None)):
+        """Drop the model's cached text and query embeddings (every ``EmbeddingCache`` it holds). While
+        fitting the weights change every step, and a cache filled under validation's inference mode
+        cannot take part in autograd."""
+        for value in vars(self).values():
+            if isinstance(value, EmbeddingCache):
                 value.clear()
 
     def zero_shot_with_grad(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:

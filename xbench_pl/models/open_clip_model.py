@@ -228,6 +228,8 @@ class OpenCLIPModel(ZeroShotModel):
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
+    TRAINABLE = (r"^model\.text_projection$", r"^model\.text\.proj\.", r"^model\.logit_scale$")  # fit: text projection, temperature
+
     def __init__(
         self,
         architecture: str,
