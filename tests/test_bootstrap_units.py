@@ -229,3 +229,17 @@ def test_grounding_only_tables_null_recognition_intervals_too():
     for row in (table["mean"], table["ci"]["mean"], table["ci"]["classes"]["B"]):
         assert all(row[k] is None for k in RECOGNITION_KEYS)
     assert table["ci"]["mean"]["pointing_game"] is not None and table["ci"]["mean"]["map_similarity"] is not None
+
+
+def test_one_image_one_finding_keeps_its_record_shapes():
+    # torchmetrics squeezes one-element compute results to 0-d: a single image with a single region (a DDP
+    # rank's share, a tiny split) must still give intervals, not a concatenation error
+    x = patient_inputs(n_images=1, classes=1, seed=3)
+    x["maps"], x["masks"], x["cls"], x["image"] = x["maps"][:1], x["masks"][:1], torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    x["masks"][0, 2:6, 2:6] = True
+    bench = BenchmarkMetrics(["A"], bootstrap=10, cxl=False)
+    feed_keyed(bench, x, [0])
+    table = bench.compute()
+    assert table["classes"]["A"]["n_regions"] == 1
+    dice = table["classes"]["A"]["dice@0.5"]
+    assert table["ci"]["classes"]["A"]["dice@0.5"] == [dice, dice]  # one unit: every replicate is the full set

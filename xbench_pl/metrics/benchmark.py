@@ -238,12 +238,13 @@ class BenchmarkMetrics(nn.Module):
     def sample_state(self) -> dict:
         """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),
         ``pairs`` (``PairRecords``, sorted by image and class), ``images`` (``ImageRecords``, sorted by image)."""
-        records = self.records.compute()
-        # torchmetrics squeezes one-element results: restore [P], [P, K], [P, T]
-        width = {"values": len(RECORD_KEYS), "defined": len(RECORD_KEYS), "dice": self.records.n_thresholds, "iou": self.records.n_thresholds}
-        records = {k: v.reshape(-1, width[k]) if k in width else v.reshape(-1) for k, v in records.items()}
-        cxl = self.cxl.pairs.compute() if self.cxl is not None and self.cxl.keyed else None
-        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": self.images.compute(), "cxl": cxl}
+        t = self.records.n_thresholds
+        records = _unsqueezed(self.records.compute(), {"values": (len(RECORD_KEYS),), "defined": (len(RECORD_KEYS),),
+                                                       "dice": (t,), "iou": (t,)})
+        images = _unsqueezed(self.images.compute(), {name: shape[1:] for name, (shape, _) in self.images.shapes().items()})
+        cxl = (_unsqueezed(self.cxl.pairs.compute(), {"values": (len(CXL_KEYS),), "defined": (len(CXL_KEYS),)})
+               if self.cxl is not None and self.cxl.keyed else None)
+        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": images, "cxl": cxl}
 
     def compute(self) -> dict:
         state = self.sample_state()
@@ -450,3 +451,9 @@ class BenchmarkMetrics(nn.Module):
                        self.specificity, self.similarity, self.records, self.images):
             metric.reset()
         self.keyed = self.images_keyed = True
+
+
+def _unsqueezed(records: dict[str, torch.Tensor], widths: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """A records metric's ``compute`` as ``[N, *width]`` per name: torchmetrics' compute wrapper squeezes
+    one-element results (one pair, one image) to 0-d, whatever the metric returned."""
+    return {k: v.reshape(-1, *widths.get(k, ())) for k, v in records.items()}

@@ -245,8 +245,7 @@ class CheXlocalizePairs(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         from torchmetrics.utilities import dim_zero_cat
 
-        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
-        return {k: v.reshape(-1) if k in ("unit", "cls") else v.reshape(-1, len(CXL_KEYS)) for k, v in out.items()}
+        return {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
 
 
 def region_mask(regions, height: int, width: int) -> np.ndarray | None:

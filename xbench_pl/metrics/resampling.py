@@ -103,14 +103,14 @@ class ImageRecords(Metric):
             self.add_state(name, [], dist_reduce_fx="cat")
         self._prime()
 
-    def _shapes(self) -> dict:
+    def shapes(self) -> dict:
         c, k = self.num_classes, len(self.keys)
         return {"image": ((0,), torch.long), "unit": ((0,), torch.long), "scores": ((0, c), torch.float64),
                 "labels": ((0, c), torch.long), "values": ((0, c, k), torch.long), "defined": ((0, c, k), torch.long)}
 
     def _prime(self) -> None:
         """One empty batch of the right shapes: a DDP rank without images syncs like the others."""
-        for name, (shape, dtype) in self._shapes().items():
+        for name, (shape, dtype) in self.shapes().items():
             getattr(self, name).append(torch.zeros(shape, dtype=dtype, device=self.device))
 
     def reset(self) -> None:
@@ -130,9 +130,8 @@ class ImageRecords(Metric):
             getattr(self, name).append(value.to(self.device))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, (shape, _) in self._shapes().items():  # torchmetrics squeezes one-element results: restore the shapes
-            out[name] = dim_zero_cat(getattr(self, name)).cpu().reshape(-1, *shape[1:])
+        out = {name: dim_zero_cat(getattr(self, name)).cpu().reshape(-1, *shape[1:])
+               for name, (shape, _) in self.shapes().items()}
         order = torch.argsort(out["image"], stable=True)
         return {name: value[order] for name, value in out.items()}
 
