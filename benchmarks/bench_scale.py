@@ -48,7 +48,7 @@ def forward_cost(model, batch: int, repeats: int) -> tuple[float, float, int]:
     """(GFLOPs per image, CPU seconds per image, input size) of ``zero_shot`` on CXR14's 14 findings."""
     size = model.preprocess.size
     images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
+    with torch.no_grad():  # as bench_query_models (the query caches are filled and hit under no_grad)
         model.zero_shot(images[:1], CXR14)  # fills the text/query caches
         counter = FlopCounterMode(display=False)
         fast_path = torch.backends.mha.get_fastpath_enabled()
