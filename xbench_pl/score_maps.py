@@ -186,7 +186,7 @@ def grounding_only(table: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from xbench_pl.score import build_parser, compute_tables, metrics_replayer, publish_scores
+    from xbench_pl.score import METRIC_OPTIONS, build_parser, compute_tables, metrics_replayer, publish_scores
 
     started = time.time()
     folder, rest = take_option(list(argv), "--maps")
@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for ci (0 = off)")
     args = parser.parse_args(rest)
     chosen = args.data.as_dict()
-    metrics = {k: getattr(args, k) for k in ("normalize", "fixed_threshold", "score_threshold")}
+    metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
     try:
         preprocess, preprocess_config = None, None
         if (folder / "preprocess.json").is_file():
