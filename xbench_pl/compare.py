@@ -28,7 +28,7 @@ from xbench_pl.data.io import DataError
 from xbench_pl.metrics.benchmark import interval
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.predictions import Store, StoreError
-from xbench_pl.score import UsageProblem, open_store, replay_store
+from xbench_pl.score import UsageProblem, model_name, open_store, replay_store
 
 USAGE = f"usage: {PROG} compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
 
@@ -75,11 +75,6 @@ def paired_bootstrap(metrics_a, metrics_b, resamples: int = 1000, seed: int = 0,
         out["classes"][name] = {key: _difference(table_a["classes"][name][key], table_b["classes"][name][key],
                                                  reps_a[key][:, j] - reps_b[key][:, j], level) for key in keys}
     return out
-
-
-def model_name(stored: dict) -> str:
-    """A store's model as its manifest names it (the model's class path where it has no name)."""
-    return stored.get("model_name") or stored.get("config", {}).get("model", {}).get("class_path", "model")
 
 
 def _cell(value, digits: int = 4) -> str:

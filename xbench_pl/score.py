@@ -109,6 +109,11 @@ def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: in
     return compute_tables(replay_store(store, datamodule, metrics, chunk))
 
 
+def model_name(stored: dict) -> str:
+    """A store's model as its manifest names it (the model's class path where it has no name)."""
+    return stored.get("model_name") or stored.get("config", {}).get("model", {}).get("class_path", "model")
+
+
 class UsageProblem(ValueError):
     """A command-line problem with a store or its options (the command prints it and exits 2)."""
 
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     out = publish_scores(run.args.out, started, str(Path(folder)),
-                         model=run.stored.get("model_name") or run.config.get("model", {}).get("class_path", "model"),
+                         model=model_name(run.stored),
                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
                          random_weights=bool(run.stored.get("random_weights")))
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
