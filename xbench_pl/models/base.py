@@ -190,7 +190,7 @@ class ZeroShotModel(L.LightningModule):
                                              sample_keys=image_keys[rows], sample_units=units[rows], saliency=output.saliency[counted],
                                              negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None)
         if self.benchmark[batch.dataset].cxl is not None:
-            self.update_cxl(batch, output.saliency)
+            self.update_cxl(batch, output.saliency, units)
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
 
     def negative_pairs(self, batch: Batch, saliency: torch.Tensor, rows: torch.Tensor):
@@ -209,9 +209,10 @@ class ZeroShotModel(L.LightningModule):
                                  batch.original_size[sample], batch.region_masks.shape[-1])
         return maps, cls, row
 
-    def update_cxl(self, batch: Batch, saliency: torch.Tensor) -> None:
+    def update_cxl(self, batch: Batch, saliency: torch.Tensor, units: torch.Tensor) -> None:
         """The CheXlocalize-comparable metrics of every finding of the batch's counted images, at full
-        resolution: regions from the dataset's records (original pixels), maps through the batch's affine."""
+        resolution: regions from the dataset's records (original pixels), maps through the batch's affine;
+        ``units`` ``[B]``: each sample's bootstrap unit (``batch_units``)."""
         dataset = self.region_datasets.get(batch.dataset)
         if dataset is None:
             datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
@@ -226,7 +227,7 @@ class ZeroShotModel(L.LightningModule):
         pairs = full_resolution_pairs(saliency[counted.to(saliency.device)], batch.affine[counted.to(batch.affine.device)],
                                       batch.images.shape[-1], batch.original_size[counted.to(batch.original_size.device)].cpu(),
                                       regions, batch.classes)
-        units = batch_units(batch)[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
+        units = units[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
         self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
 
     def on_test_epoch_end(self) -> None:
