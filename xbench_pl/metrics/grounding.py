@@ -294,13 +294,10 @@ class OtsuDiceIoU(_PairMetric):
         return {"dice_otsu": from_fixed(self.dice, self.pairs), "iou_otsu": from_fixed(self.iou, self.pairs)}
 
 
-class FindingSpecificity(Metric):
-    """Mean ``functional.finding_specificity`` per class over the pairs whose image has two or more
-    regions: ``update`` also takes each pair's image (``sample_index [N]``, any ids unique per image
-    within the call)."""
+class _ClassMean(Metric):
+    """Mean per class of fixed-point ``total`` over the ``defined`` values counted for it (NaN for none)."""
 
     full_state_update = False
-    higher_is_better = True
     is_differentiable = False
     plot_lower_bound, plot_upper_bound = -1.0, 1.0
 
@@ -309,6 +306,17 @@ class FindingSpecificity(Metric):
         self.num_classes = num_classes
         self.add_state("total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("defined", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def compute(self) -> torch.Tensor:
+        return from_fixed(self.total, self.defined)
+
+
+class FindingSpecificity(_ClassMean):
+    """Mean ``functional.finding_specificity`` per class over the pairs whose image has two or more
+    regions: ``update`` also takes each pair's image (``sample_index [N]``, any ids unique per image
+    within the call)."""
+
+    higher_is_better = True
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, sample_index: torch.Tensor) -> None:
         values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64, device=maps.device)
@@ -323,40 +331,22 @@ class FindingSpecificity(Metric):
         self.defined = self.defined + torch.bincount(cls, minlength=self.num_classes)
         self.last = values
 
-    def compute(self) -> torch.Tensor:
-        return from_fixed(self.total, self.defined)
 
-
-class MapSimilarity(Metric):
+class MapSimilarity(_ClassMean):
     """Mean ``functional.map_similarity`` per class over images: ``update(saliency [B, C, h, w])``,
-    every finding's map of every image (native grid)."""
+    every finding's map of every image (native grid); NaN for fewer than 2 classes."""
 
-    full_state_update = False
     higher_is_better = False
-    is_differentiable = False
-    plot_lower_bound, plot_upper_bound = -1.0, 1.0
-
-    def __init__(self, num_classes: int, **kwargs):
-        super().__init__(**kwargs)
-        self.num_classes = num_classes
-        self.add_state("total", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("images", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, saliency: torch.Tensor) -> None:
         if saliency.dim() != 4 or saliency.shape[1] != self.num_classes:
             raise ValueError(f"expected saliency [B, {self.num_classes}, h, w], got {tuple(saliency.shape)}")
-        if self.num_classes < 2 or saliency.shape[0] == 0:
+        if self.num_classes < 2 or saliency.shape[0] == 0:  # nothing defined: compute stays NaN
             self.last = torch.full(saliency.shape[:2], float("nan"), dtype=torch.float64)
-            self.images = self.images + saliency.shape[0]
             return
         self.last = map_similarity(saliency)  # per image [B, C], for the bootstrap (BenchmarkMetrics)
         self.total = self.total + to_fixed(self.last).sum(0).to(self.total.device)
-        self.images = self.images + saliency.shape[0]
-
-    def compute(self) -> torch.Tensor:
-        if self.num_classes < 2:
-            return torch.full((self.num_classes,), float("nan"), dtype=torch.float64)
-        return from_fixed(self.total, self.images.expand(self.num_classes))
+        self.defined = self.defined + saliency.shape[0]
 
 
 class PairRecords(Metric):
