@@ -205,6 +205,11 @@ class XBenchDataModule(L.LightningDataModule):
     name: str = ""
     default_classes: tuple[str, ...] = ()
     available_classes: tuple[str, ...] = ()  # classes ``classes`` may ask for beyond the defaults (default: none)
+    #: ``fit`` only (``splits.fit_pool``): the official split (a value of ``split``) that fit trains and
+    #: validates on, for a dataset whose reader takes one; and the file name of an official test list whose
+    #: images, when it is found under ``root``, fit leaves out
+    fit_official_split: str | None = None
+    fit_test_list: str | None = None
 
     def __init__(
         self,

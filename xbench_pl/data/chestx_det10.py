@@ -47,6 +47,7 @@ class ChestXDet10DataModule(XBenchDataModule):
 
     name = "chestx_det10"
     default_classes = dataset_classes("chestx_det10")
+    fit_official_split = "train"
 
     def __init__(self, root: str | None = None, split: str = "test", image_dir: str | None = None, **kwargs):
         super().__init__(root=root, **kwargs)

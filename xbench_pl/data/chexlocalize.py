@@ -71,6 +71,7 @@ class CheXlocalizeDataModule(XBenchDataModule):
 
     name = "chexlocalize"
     default_classes = dataset_classes("chexlocalize")
+    fit_official_split = "val"
 
     def __init__(self, root: str | None = None, split: str = "test", regions: str = "segmentations", **kwargs):
         super().__init__(root=root, **kwargs)

@@ -78,6 +78,7 @@ class NIHBoxDataModule(XBenchDataModule):
 
     name = "nih_bbox"
     default_classes = NIH_BOX_CLASSES
+    fit_test_list = "test_list.txt"
 
     def __init__(self, root: str | None = None, negatives: int = 0, seed: int = 0, **kwargs):
         super().__init__(root=root, **kwargs)
@@ -179,6 +180,7 @@ class DemoDataModule(NIHBoxDataModule):
     """
 
     name = "demo"
+    fit_test_list = None  # synthetic: no official test list
 
     def __init__(self, root: str | None = None, seed: int = 0, **kwargs):
         super().__init__(root=root, seed=seed, **kwargs)

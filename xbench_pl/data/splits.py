@@ -1,7 +1,8 @@
 """Train and validation sets for ``fit``: which images, how they are split, and the split file.
 
 **Which images** (``fit_pool``): the dataset's official non-test part where it has one, so that
-``fit`` never sees the images its official test split holds:
+``fit`` never sees the images its official test split holds (each datamodule says which, in its class
+attributes ``fit_official_split`` and ``fit_test_list``):
 
 - ``chexlocalize``: the official ``val`` split (234 images, 200 patients), whatever ``split`` says;
   the ``test`` split is never read by ``fit``.
@@ -39,10 +40,6 @@ from xbench_pl.data.io import DataError
 
 SPLIT_COLUMNS = ("image_id", "patient_id", "split")
 SETS = ("train", "val")
-#: datasets whose reader takes an official split (``split=``): the one ``fit`` trains and validates on
-FIT_SPLITS = {"chexlocalize": "val", "chestx_det10": "train"}
-#: datasets whose official test list, when found under ``root``, is left out of ``fit``
-TEST_LISTS = {"nih_bbox": "test_list.txt"}
 
 
 def unit_of(record) -> str:
@@ -52,9 +49,9 @@ def unit_of(record) -> str:
 
 def fit_pool(datamodule) -> tuple[list, str]:
     """The records ``fit`` may train and validate on, and where they come from, in words."""
-    name = datamodule.name
-    if name in FIT_SPLITS and hasattr(datamodule, "split"):
-        official, evaluated = FIT_SPLITS[name], datamodule.split
+    name, official = datamodule.name, datamodule.fit_official_split  # the datamodule's class attributes
+    if official is not None:
+        evaluated = datamodule.split
         datamodule.split = official
         try:
             records = datamodule.prepare_records()
@@ -62,7 +59,7 @@ def fit_pool(datamodule) -> tuple[list, str]:
             datamodule.split = evaluated
         return records, f"the official {official} split of {name} (its test split is never used by fit)"
     records = datamodule.prepare_records()
-    test_list = TEST_LISTS.get(name)
+    test_list = datamodule.fit_test_list
     if test_list and datamodule.root is not None:
         from xbench_pl.data.annotations import find_one
         from xbench_pl.data.base import read_split_file
