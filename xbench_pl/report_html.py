@@ -49,13 +49,13 @@ def find_runs(folders: list[str]) -> list[Run]:
     for folder in map(Path, folders):
         if (folder / "metrics.json").is_file():
             found.append(folder)
-        elif sorted(folder.glob("runs/*/metrics.json")):
-            found += [p.parent for p in sorted(folder.glob("runs/*/metrics.json"))]
+        elif sweep_runs := sorted(folder.glob("runs/*/metrics.json")):
+            found += [p.parent for p in sweep_runs]
         else:
             raise FileNotFoundError(f"{folder}: no metrics.json (nor runs/*/metrics.json of a sweep); "
                                     "give folders written by test --out or sweep --out")
-    runs = [Run(json.loads((f / "metrics.json").read_text())["model"], f, json.loads((f / "metrics.json").read_text()))
-            for f in found]
+    metrics = [json.loads((f / "metrics.json").read_text()) for f in found]
+    runs = [Run(m["model"], f, m) for f, m in zip(found, metrics)]
     names = [r.name for r in runs]
     for run in runs:
         if names.count(run.name) > 1:
