@@ -49,6 +49,7 @@ from xbench_pl.metrics.grounding import (
     PointingGame,
     PointingLift,
     from_fixed,
+    has_region,
     shared_pass,
     to_fixed,
 )
@@ -181,7 +182,7 @@ class BenchmarkMetrics(nn.Module):
         self.pointing.update(maps, masks, class_index)
         self.dice_iou.update(maps, masks, class_index)
         (hits, (dice, iou)) = self.pointing.last, self.dice_iou.last
-        keep = masks.flatten(1).any(1)
+        keep = has_region(masks)  # the one the metrics' updates computed (shared_pass)
         if image_keys is None:
             self.keyed = False
             image_keys = torch.zeros(maps.shape[0], dtype=torch.long)
@@ -193,13 +194,14 @@ class BenchmarkMetrics(nn.Module):
         for metric in (self.energy, self.lift, self.otsu, self.pixel_auroc):
             metric.update(maps, masks, class_index)
         otsu_dice, otsu_iou = self.otsu.last
+        regions, kept = masks[keep], keep.cpu()
         values = {"pointing_game": hits, "energy_pg": self.energy.last, "pg_lift": self.lift.last,
                   "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
                   "specificity": specificity[keep.to(specificity.device)],
-                  "size": size_stratum(area_fraction(masks[keep]), self.size_bounds).double()}  # stratum, exact in fixed point
-        values["uniform_dice"] = uniform_dice(masks[keep])
+                  "size": size_stratum(area_fraction(regions), self.size_bounds).double(),  # stratum, exact in fixed point
+                  "uniform_dice": uniform_dice(regions)}
         pair_units = image_keys if unit_keys is None else torch.as_tensor(unit_keys, dtype=torch.long)
-        self.records.update(image_keys[keep.cpu()], class_index[keep].cpu(), values, dice, iou, unit=pair_units[keep.cpu()])
+        self.records.update(image_keys[kept], class_index[keep].cpu(), values, dice, iou, unit=pair_units[kept])
         b, c = scores.shape
         per_image = {k: torch.full((b, c), float("nan"), dtype=torch.float64) for k in IMAGE_KEYS}
         if saliency is not None:
