@@ -48,7 +48,6 @@ from xbench_pl.metrics.grounding import (
     PixelAUROC,
     PointingGame,
     PointingLift,
-    from_fixed,
     has_region,
     shared_pass,
     to_fixed,
@@ -59,6 +58,7 @@ from xbench_pl.metrics.resampling import (
     DEFAULT_SIZE_BOUNDS,
     SIZE_STRATA,
     ImageRecords,
+    class_means,
     intervals,
     resampled_means,
     strata_means,
@@ -313,12 +313,6 @@ class BenchmarkMetrics(nn.Module):
             note += f"; no tuned tau for {', '.join(missing)} (tuned keys null there)"
         return {"source": self.tuning_source, "note": note}
 
-    def _class_means(self, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
-        """Per class the mean of fixed-point ``values [P]`` over the defined ones ``[C]`` (NaN where none)."""
-        c = len(self.classes)
-        total = torch.zeros(c, dtype=torch.long).index_add_(0, cls, values * defined)
-        return from_fixed(total, torch.zeros(c, dtype=torch.long).index_add_(0, cls, defined))
-
     def _extra_columns(self, grounding: dict, state: dict) -> dict[str, torch.Tensor]:
         c = len(self.classes)
         thresholds = self.dice_iou.thresholds.cpu()
@@ -339,12 +333,12 @@ class BenchmarkMetrics(nn.Module):
             "dice_auc": dice_auc(dice, thresholds),
             "pixel_auroc": self.pixel_auroc.compute(),
             # Dice at tau_best over what the uniform map scores on the same pairs (its best: tau = 0)
-            "dice_lift": grounding["dice_best"].cpu().reshape(c) - self._class_means(
+            "dice_lift": grounding["dice_best"].cpu().reshape(c) - class_means(
                 state["pairs"]["cls"], state["pairs"]["values"][:, RECORD_KEYS.index("uniform_dice")],
-                state["pairs"]["defined"][:, RECORD_KEYS.index("uniform_dice")]),
-            **{key: self._class_means(torch.arange(c).repeat(state["images"]["image"].numel()),
-                                      state["images"]["values"][:, :, IMAGE_KEYS.index(key)].flatten(),
-                                      state["images"]["defined"][:, :, IMAGE_KEYS.index(key)].flatten())
+                state["pairs"]["defined"][:, RECORD_KEYS.index("uniform_dice")], c),
+            **{key: class_means(torch.arange(c).repeat(state["images"]["image"].numel()),
+                                state["images"]["values"][:, :, IMAGE_KEYS.index(key)].flatten(),
+                                state["images"]["defined"][:, :, IMAGE_KEYS.index(key)].flatten(), c)
                for key in (NEGATIVE_KEYS if self.negatives else ())},
         }
 

@@ -136,17 +136,21 @@ class ImageRecords(Metric):
         return {name: value[order] for name, value in out.items()}
 
 
+def class_means(cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Per class the mean of fixed-point ``values [P, ...]`` over the defined ones (``defined``, 0/1, same
+    shape): ``[C, ...]`` float64, NaN where none is defined."""
+    total = torch.zeros(num_classes, *values.shape[1:], dtype=torch.long).index_add_(0, cls, values * defined)
+    count = torch.zeros(num_classes, *values.shape[1:], dtype=torch.long).index_add_(0, cls, defined)
+    return from_fixed(total, count)
+
+
 def strata_means(stratum: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, defined: torch.Tensor,
                  num_classes: int) -> dict[str, torch.Tensor]:
     """Per size stratum (``stratum [P]``: 0 small, 1 medium, 2 large, ``functional.size_stratum`` of each
     pair's area fraction): ``means [S, C, K]`` (float64, NaN where undefined) and ``pairs [S, C]`` (int64)."""
-    k = values.shape[1]
     means, pairs = [], []
     for s in range(len(SIZE_STRATA)):
         keep = stratum == s
-        c = cls[keep]
-        total = torch.zeros(num_classes, k, dtype=torch.long).index_add_(0, c, values[keep] * defined[keep])
-        count = torch.zeros(num_classes, k, dtype=torch.long).index_add_(0, c, defined[keep])
-        means.append(from_fixed(total, count))
-        pairs.append(torch.bincount(c, minlength=num_classes))
+        means.append(class_means(cls[keep], values[keep], defined[keep], num_classes))
+        pairs.append(torch.bincount(cls[keep], minlength=num_classes))
     return {"means": torch.stack(means), "pairs": torch.stack(pairs)}
