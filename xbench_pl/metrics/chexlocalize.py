@@ -46,7 +46,7 @@ from PIL import Image, ImageDraw
 from torchmetrics import Metric
 
 from xbench_pl.geometry import _bilinear_weights
-from xbench_pl.metrics.grounding import from_fixed, to_fixed
+from xbench_pl.metrics.grounding import Records, from_fixed, to_fixed
 
 CXL_KEYS = ("cxl_hit_rate", "cxl_miou", "cxl_miou_all")
 
@@ -214,28 +214,17 @@ class CheXlocalizeMode(Metric):
         return {k: from_fixed(getattr(self, f"{k}_total"), getattr(self, f"{k}_pairs")) for k in CXL_KEYS}
 
 
-class CheXlocalizePairs(Metric):
+class CheXlocalizePairs(Records):
     """Every judged pair's bootstrap ``unit``, class ``cls`` and ``CXL_KEYS`` values in fixed point with a
     defined flag ``[P, 3]``; ``compute`` returns them synced (their sums do not depend on the order)."""
 
-    full_state_update = False
-    is_differentiable = False
-    NAMES = ("unit", "cls", "values", "defined")
-
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        for name in self.NAMES:
-            self.add_state(name, [], dist_reduce_fx="cat")
-        self._prime()
+        self._add_records()
 
-    def _prime(self) -> None:
-        """One empty batch of the right shapes: a DDP rank without pairs syncs like the others."""
-        for name, shape in (("unit", (0,)), ("cls", (0,)), ("values", (0, len(CXL_KEYS))), ("defined", (0, len(CXL_KEYS)))):
-            getattr(self, name).append(torch.zeros(shape, dtype=torch.long, device=self.device))
-
-    def reset(self) -> None:
-        super().reset()
-        self._prime()
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        k = len(CXL_KEYS)
+        return {"unit": ((0,), torch.long), "cls": ((0,), torch.long), "values": ((0, k), torch.long), "defined": ((0, k), torch.long)}
 
     def update(self, unit: torch.Tensor, cls: torch.Tensor, values: torch.Tensor) -> None:
         for name, value in (("unit", unit), ("cls", cls), ("values", to_fixed(torch.nan_to_num(values, nan=0.0))),
@@ -243,9 +232,7 @@ class CheXlocalizePairs(Metric):
             getattr(self, name).append(value.to(self.device))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        from torchmetrics.utilities import dim_zero_cat
-
-        return {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
+        return self._gathered()
 
 
 def region_mask(regions, height: int, width: int) -> np.ndarray | None:

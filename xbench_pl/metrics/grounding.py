@@ -18,6 +18,7 @@ import weakref
 
 import torch
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from xbench_pl.metrics import kernels
 from xbench_pl.metrics.functional import (
@@ -349,33 +350,49 @@ class MapSimilarity(_ClassMean):
         self.defined = self.defined + saliency.shape[0]
 
 
-class PairRecords(Metric):
+class Records(Metric):
+    """Per-sample records in ``"cat"`` list states, one per name of ``shapes()`` (``{name: (empty shape,
+    dtype)}``); a subclass sets what ``shapes`` needs, then calls ``_add_records``."""
+
+    full_state_update = False
+    is_differentiable = False
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        raise NotImplementedError
+
+    def _add_records(self) -> None:
+        for name in self.shapes():
+            self.add_state(name, [], dist_reduce_fx="cat")
+        self._prime()
+
+    def _prime(self) -> None:
+        """One empty batch of the right shapes: a DDP rank without records syncs like the others."""
+        for name, (shape, dtype) in self.shapes().items():
+            getattr(self, name).append(torch.zeros(shape, dtype=dtype, device=self.device))
+
+    def reset(self) -> None:
+        super().reset()
+        self._prime()
+
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        return {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.shapes()}
+
+
+class PairRecords(Records):
     """Every counted pair's values, for statistics that need each sample (bootstrap intervals, size
     strata): per pair its image's key (int64, ``image_key``), its bootstrap unit's key (``unit_key``), class, values of ``keys`` in fixed point
     with a defined flag, and its Dice and IoU curves in fixed point. ``compute`` returns them sorted by
     (image key, class): the same order on 1 or N processes."""
 
-    full_state_update = False
-    is_differentiable = False
-
-    NAMES = ("image", "unit", "cls", "values", "defined", "dice", "iou")
-
     def __init__(self, keys: tuple[str, ...], n_thresholds: int, **kwargs):
         super().__init__(**kwargs)
         self.keys, self.n_thresholds = tuple(keys), n_thresholds
-        for name in self.NAMES:
-            self.add_state(name, [], dist_reduce_fx="cat")
-        self._prime()
+        self._add_records()
 
-    def _prime(self) -> None:
-        """One empty batch of the right shapes: a DDP rank without pairs syncs like the others."""
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         k, t = len(self.keys), self.n_thresholds
-        for name, shape in (("image", (0,)), ("unit", (0,)), ("cls", (0,)), ("values", (0, k)), ("defined", (0, k)), ("dice", (0, t)), ("iou", (0, t))):
-            getattr(self, name).append(torch.zeros(shape, dtype=torch.long, device=self.device))
-
-    def reset(self) -> None:
-        super().reset()
-        self._prime()
+        return {name: (shape, torch.long) for name, shape in (("image", (0,)), ("unit", (0,)), ("cls", (0,)), ("values", (0, k)),
+                                                               ("defined", (0, k)), ("dice", (0, t)), ("iou", (0, t)))}
 
     def update(self, image: torch.Tensor, cls: torch.Tensor, values: dict[str, torch.Tensor], dice: torch.Tensor, iou: torch.Tensor,
                unit: torch.Tensor | None = None) -> None:
@@ -391,9 +408,7 @@ class PairRecords(Metric):
         self.iou.append(to_fixed(iou).to(self.device))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        from torchmetrics.utilities import dim_zero_cat
-
-        out = {name: dim_zero_cat(getattr(self, name)).cpu() for name in self.NAMES}
+        out = self._gathered()
         order = torch.argsort(out["cls"], stable=True)
         order = order[torch.argsort(out["image"][order], stable=True)]
         return {name: value[order] for name, value in out.items()}

@@ -20,11 +20,9 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
-from xbench_pl.metrics.grounding import from_fixed, to_fixed
+from xbench_pl.metrics.grounding import Records, from_fixed, to_fixed
 
 #: Size strata by the region's share of the image: names and default bounds (small < 1 %, large >= 10 %).
 SIZE_STRATA = ("small", "medium", "large")
@@ -86,36 +84,21 @@ def bootstrap_intervals(units: torch.Tensor, cls: torch.Tensor, values: torch.Te
     return {**intervals(per_class, level), "replicates": per_class}
 
 
-class ImageRecords(Metric):
+class ImageRecords(Records):
     """Every scored image's record, for the bootstrap of image-level keys: its image key and unit key
     (int64), scores ``[C]`` (float64) and labels ``[C]``, and per-class values of ``keys`` in fixed point
     with a defined flag ``[C, K]``. ``compute`` returns them sorted by image key: the same order on 1 or N
     processes."""
 
-    full_state_update = False
-    is_differentiable = False
-    NAMES = ("image", "unit", "scores", "labels", "values", "defined")
-
     def __init__(self, num_classes: int, keys: tuple[str, ...], **kwargs):
         super().__init__(**kwargs)
         self.num_classes, self.keys = num_classes, tuple(keys)
-        for name in self.NAMES:
-            self.add_state(name, [], dist_reduce_fx="cat")
-        self._prime()
+        self._add_records()
 
     def shapes(self) -> dict:
         c, k = self.num_classes, len(self.keys)
         return {"image": ((0,), torch.long), "unit": ((0,), torch.long), "scores": ((0, c), torch.float64),
                 "labels": ((0, c), torch.long), "values": ((0, c, k), torch.long), "defined": ((0, c, k), torch.long)}
-
-    def _prime(self) -> None:
-        """One empty batch of the right shapes: a DDP rank without images syncs like the others."""
-        for name, (shape, dtype) in self.shapes().items():
-            getattr(self, name).append(torch.zeros(shape, dtype=dtype, device=self.device))
-
-    def reset(self) -> None:
-        super().reset()
-        self._prime()
 
     def update(self, image: torch.Tensor, unit: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
                values: dict[str, torch.Tensor]) -> None:
@@ -130,8 +113,8 @@ class ImageRecords(Metric):
             getattr(self, name).append(value.to(self.device))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        out = {name: dim_zero_cat(getattr(self, name)).cpu().reshape(-1, *shape[1:])
-               for name, (shape, _) in self.shapes().items()}
+        shapes = self.shapes()
+        out = {name: value.reshape(-1, *shapes[name][0][1:]) for name, value in self._gathered().items()}
         order = torch.argsort(out["image"], stable=True)
         return {name: value[order] for name, value in out.items()}
 
