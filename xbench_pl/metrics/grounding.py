@@ -22,7 +22,6 @@ from torchmetrics.utilities import dim_zero_cat
 
 from xbench_pl.metrics import kernels
 from xbench_pl.metrics.functional import (
-    area_fraction,
     best_threshold,
     default_thresholds,
     dice_iou_curve,
@@ -258,7 +257,8 @@ class PointingLift(_DefinedPairMetric):
         shared = shared_counts(maps, masks)
         if shared is None:
             return pointing_lift(maps, masks)
-        return kernels.pointing_from_counts(shared["counts"]) - area_fraction(masks)
+        counts = shared["counts"]  # the pass counted each region's pixels: area_fraction without another pass
+        return kernels.pointing_from_counts(counts) - counts["region"].double() / counts["pixels"]
 
 
 class PixelAUROC(_DefinedPairMetric):
