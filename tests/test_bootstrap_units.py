@@ -217,6 +217,19 @@ def test_cxl_keys_get_intervals_from_the_same_draws():
                           for k in range(3)] for r in range(resamples)])
         for k, name in enumerate("ABC"):
             np.testing.assert_allclose(ci["classes"][name][key], np.nanquantile(reps[:, k], [0.025, 0.975]), atol=1e-9)
+    # reset clears every metric, the cxl mode included: after it, half the images give a fresh metric's table
+    half = n // 2
+
+    def feed_half(metrics):
+        feed_keyed(metrics, x, list(range(half)))
+        metrics.update_cxl(zip(fulls[:3 * half], regions[:3 * half], [k for _ in range(half) for k in range(3)]),
+                           [u for u in units[:half] for _ in range(3)])
+
+    bench.reset()
+    feed_half(bench)
+    fresh = BenchmarkMetrics(["A", "B", "C"], bootstrap=resamples, bootstrap_seed=1, cxl=True)
+    feed_half(fresh)
+    assert bench.compute() == fresh.compute()
 
 
 def test_grounding_only_tables_null_recognition_intervals_too():

@@ -443,8 +443,7 @@ class BenchmarkMetrics(nn.Module):
         return ci, by_size
 
     def reset(self) -> None:
-        for metric in (self.recognition, self.pointing, self.dice_iou, self.energy, self.lift, self.otsu, self.pixel_auroc,
-                       self.specificity, self.similarity, self.records, self.images):
+        for metric in self.children():  # every accumulating metric, the cxl mode included
             metric.reset()
         self.keyed = self.images_keyed = True
 
