@@ -78,8 +78,8 @@ PHASES = {
     "warp to the eval grid": [("xbench_pl.models.base", None, "warp_to_eval_grid")],
     "metric update": [("xbench_pl.metrics.benchmark", "BenchmarkMetrics", "update")],
     "metric compute (bootstrap)": [("xbench_pl.metrics.benchmark", "BenchmarkMetrics", "compute")],
-    "report": [("xbench_pl.cli", None, "publish_report")],
-    "run": [("xbench_pl.cli", "XBenchCLI", "_run_subcommand")],  # trainer.test and the hooks around it
+    "report": [("xbench_pl.commands.trainer", None, "publish_report")],
+    "run": [("xbench_pl.commands.trainer", "XBenchCLI", "_run_subcommand")],  # trainer.test and the hooks around it
 }
 
 
@@ -106,7 +106,7 @@ def timed_phases() -> dict[str, float]:
 
 
 def throughput(args, tmp: Path) -> None:
-    from xbench_pl.cli import main as cli_main
+    from xbench_pl.commands import main as cli_main
 
     data = make_dataset(tmp / "nih", args.images)
     cache = tmp / "cache"
@@ -148,7 +148,7 @@ def memory(args, tmp: Path) -> None:
 
 
 def profile(args, tmp: Path) -> None:
-    from xbench_pl.cli import main as cli_main
+    from xbench_pl.commands import main as cli_main
 
     data = make_dataset(tmp / "profiled", args.images)
     cache = tmp / "cache"

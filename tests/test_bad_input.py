@@ -13,7 +13,8 @@ from PIL import Image
 from synthetic_dicom import RSNA_LABELS, grey, make_rsna, make_siim, make_vindr, write_dicom
 
 from xbench_pl import create_datamodule
-from xbench_pl.data.io import DataError, read_image
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import read_image
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.geometry import Preprocess
 
@@ -193,7 +194,7 @@ def test_data_error_pickles_and_survives_dataloader_workers(tmp_path):
     ("Image Index,Finding\npos,Mass\n", {"pos": 2}),           # CSV without one: its first column
 ])
 def test_split_file_forms(tmp_path, text, expected):
-    from xbench_pl.data.base import read_split_file
+    from xbench_pl.data.splits import read_split_file
 
     (tmp_path / "split.csv").write_text(text)
     assert read_split_file(tmp_path / "split.csv", {"neg", "pos"}) == expected

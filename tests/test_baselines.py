@@ -8,7 +8,7 @@ import torch
 import xbench_pl
 import xbench_pl.models.baselines
 from xbench_pl.data.base import collate
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.nih_bbox import NIH_BOX_CLASSES
 from xbench_pl.models.baselines import box_occupancy, read_prior
 

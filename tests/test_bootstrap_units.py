@@ -233,7 +233,7 @@ def test_cxl_keys_get_intervals_from_the_same_draws():
 
 
 def test_grounding_only_tables_null_recognition_intervals_too():
-    from xbench_pl.score_maps import grounding_only
+    from xbench_pl.external_maps import grounding_only
 
     x = patient_inputs(seed=12)
     bench = BenchmarkMetrics(["A", "B", "C"], bootstrap=20)

@@ -7,7 +7,7 @@ from PIL import Image
 
 from xbench_pl import create_datamodule
 from xbench_pl.data.chestx_det10 import ChestXDet10DataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box
 from xbench_pl.geometry import Preprocess
 

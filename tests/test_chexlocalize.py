@@ -8,7 +8,7 @@ from PIL import Image, ImageDraw
 from xbench_pl import create_datamodule
 from xbench_pl.data.annotations import RLEMask
 from xbench_pl.data.chexlocalize import CheXlocalizeDataModule, cxr_id
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Mask
 from xbench_pl.geometry import Preprocess
 

@@ -20,7 +20,8 @@ from PIL import Image, ImageDraw
 
 from xbench_pl.data.annotations import RLEMask
 from xbench_pl.data.chexlocalize import CheXlocalizeDataModule
-from xbench_pl.data.io import DataError, read_image_size
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import read_image_size
 from xbench_pl.data.regions import Box, Mask, Polygon, rasterize_original
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.external_maps import parse_chexlocalize_name, read_chexlocalize_pickle

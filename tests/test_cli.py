@@ -69,15 +69,3 @@ def test_print_config_and_unknown_names():
     assert unknown.returncode != 0 and "no_such_model" in unknown.stderr
 
 
-def test_no_command_module_imports_the_cli():
-    """The CLI dispatches to its command modules lazily; they never import it back (no import cycle)."""
-    import ast
-
-    from xbench_pl.cli import COMMANDS
-
-    for module in COMMANDS.values():
-        path = REPO / (module.replace(".", "/") + ".py")
-        imported = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
-        imported |= {alias.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Import)
-                     for alias in node.names}
-        assert "xbench_pl.cli" not in imported, path

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from test_cli import cli
 
-from xbench_pl.cli import COMMANDS, SUMMARIES, TRAINER_COMMANDS, main
+from xbench_pl.commands import COMMANDS, SUMMARIES, TRAINER_COMMANDS, main
 
 
 @pytest.fixture

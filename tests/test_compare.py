@@ -11,7 +11,7 @@ import torch
 from test_bootstrap_units import expanded, feed_keyed, patient_inputs
 from test_predictions import cli
 
-from xbench_pl.compare import bootstrap_p_value, paired_bootstrap
+from xbench_pl.commands.compare import bootstrap_p_value, paired_bootstrap
 from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.functional import auroc, bootstrap_weights, pointing_game
 from xbench_pl.metrics.resampling import unit_key

@@ -9,7 +9,7 @@ from PIL import Image
 
 from xbench_pl import create_datamodule
 from xbench_pl.data.covid_rural import COVIDRuralDataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.geometry import Preprocess
 
 H, W = 40, 50

@@ -7,7 +7,7 @@ import json
 from synthetic_dicom import RSNA_LABELS, make_rsna
 
 from xbench_pl import create_datamodule
-from xbench_pl.describe import main
+from xbench_pl.commands.describe import main
 
 
 def run(capsys, argv):

@@ -9,7 +9,8 @@ import pytest
 from synthetic_dicom import write_dicom
 
 from xbench_pl.data.dicom import read_dicom, read_dicom_size
-from xbench_pl.data.io import DataError, read_image
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import read_image
 
 SIIM_FILE = "1.2.276.0.7230010.3.1.4.8323329.6904.1517875201.850819.dcm"
 

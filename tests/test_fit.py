@@ -24,10 +24,10 @@ from test_cli import cli
 
 import kad_reference
 from test_kad import tiny_architecture, write_json
-from xbench_pl.cli import main
+from xbench_pl.commands import main
 from xbench_pl.data import splits
 from xbench_pl.data.base import Record
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.nih_bbox import DemoDataModule, NIHBoxDataModule
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.models.kad import KAD

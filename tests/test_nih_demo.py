@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from xbench_pl import create_datamodule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.nih_bbox import NIH_BOX_CLASSES, NIHBoxDataModule, read_box_table
 from xbench_pl.data.regions import Box
 from xbench_pl.geometry import Preprocess

@@ -75,7 +75,7 @@ def test_entries_and_config(det10_root):
 
 def test_missing_child_folder_is_named(det10_root):
     """--data.root holds chestx_det10/ but no rsna_pneumonia/: that folder is named, not 'root not set'."""
-    from xbench_pl.data.io import DataError
+    from xbench_pl.data.errors import DataError
 
     pooled = PooledDataModule(["demo", "chestx_det10", "rsna_pneumonia"], root=str(det10_root), eval_size=32,
                               preprocess=Preprocess(resize="squash", size=32))

@@ -3,7 +3,7 @@ import pytest
 
 from xbench_pl.data.annotations import ImageIndex, checked_box, find_one, parse_box, parse_polygon
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box, Mask, Polygon, rasterize_union
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from xbench_pl.cli import main as cli_main
-from xbench_pl.report_html import auroc_pg_points, find_runs, fit_line
+from xbench_pl.commands import main as cli_main
+from xbench_pl.commands.report import auroc_pg_points, find_runs, fit_line
 
 FINDINGS = ["Atelectasis", "Cardiomegaly", "Nodule", "Pneumothorax"]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_report_html import write_run
 
-from xbench_pl.cli import main as cli_main
-from xbench_pl.report_html import auroc_pg_points, correlation_stats, find_runs
+from xbench_pl.commands import main as cli_main
+from xbench_pl.commands.report import auroc_pg_points, correlation_stats, find_runs
 
 
 def test_pearson_r_and_r2_per_model_and_overall_match_numpy(tmp_path):

@@ -12,7 +12,7 @@ from chexlocalize_reference import REAL_GRID, SEED, TASKS, make_maps
 from test_chexlocalize_mode import check_table, real_regions, run_stored, same
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
-from xbench_pl.score import main as score
+from xbench_pl.commands.score import main as score
 
 
 def write_maps(folder: Path, maps: dict, pickled: set = frozenset(), sizes: dict | None = None) -> Path:

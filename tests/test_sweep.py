@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from test_open_clip_models import TINY_CLIP, write_config
-from xbench_pl import sweep
+from xbench_pl.commands import sweep
 from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, read_architecture
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 import sys
 
-from xbench_pl.cli import main
+from xbench_pl.commands import main
 
 sys.exit(main())

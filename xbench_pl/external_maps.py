@@ -12,13 +12,21 @@ what such a file needs (tensor rebuilding, ``torch.load(weights_only=True)`` of 
 from __future__ import annotations
 
 import collections
+import csv
 import io
 import pickle
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from xbench_pl.data.io import DataError
+from xbench_pl.data.base import XBenchDataModule, XBenchDataset
+from xbench_pl.data.errors import DataError, Problem
+from xbench_pl.data.io import read_image_size
+from xbench_pl.data.vocabulary import canonical
+from xbench_pl.geometry import Preprocess
+from xbench_pl.metrics.recognition import RECOGNITION_KEYS
+from xbench_pl.predictions import Replayer, replay
 
 
 #: CheXpert's 14 labels in its CSV order: a pickle whose ``prob`` holds all 14 is indexed by its task.
@@ -89,3 +97,140 @@ def read_chexlocalize_pickle(path: str | Path) -> dict:
     dims = info.get("cxr_dims")
     size = (int(dims[1]), int(dims[0])) if isinstance(dims, (tuple, list)) and len(dims) == 2 else None
     return {"map": saliency, "prob": None if prob is None else float(prob), "task": info.get("task"), "size": size}
+
+
+def finding_name(name: str, dataset: str, classes: list[str]) -> str | None:
+    """The dataset's finding for a file's spelling of it, None if it is none of ``classes``."""
+    if name in classes:
+        return name
+    try:
+        found = canonical(name, dataset)
+    except KeyError:
+        return None
+    return found if found in classes else None
+
+
+def index_maps(folder: Path) -> list[tuple[str, str, Path]]:
+    """Every map file of ``folder`` as ``(image_id, finding as spelled, path)``."""
+    out = []
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.name.endswith("_map.pkl"):
+            image_id, task = parse_chexlocalize_name(path)
+            out.append((image_id, task, path))
+        elif path.suffix in (".npy", ".pt") and path.parent != folder:
+            out.append((path.parent.relative_to(folder).as_posix(), path.stem, path))
+    return out
+
+
+def read_map(path: Path) -> tuple[torch.Tensor, float | None, tuple[int, int] | None]:
+    """``(map [h, w] float32, score or None, original (H, W) the file states or None)``."""
+    if path.suffix == ".pkl":
+        info = read_chexlocalize_pickle(path)
+        saliency, score, size = info["map"], info["prob"], info["size"]
+    else:
+        try:
+            array = np.load(path, allow_pickle=False) if path.suffix == ".npy" else torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as error:  # noqa: BLE001 - any unreadable file is the user's input error
+            raise DataError(path, f"cannot read the map ({error})") from None
+        saliency, score, size = torch.as_tensor(np.asarray(array) if not torch.is_tensor(array) else array), None, None
+        saliency = saliency.squeeze() if saliency.dim() > 2 else saliency
+    if saliency.dim() != 2 or min(saliency.shape) < 1:
+        raise DataError(path, f"expected one 2-D map, got shape {tuple(saliency.shape)}")
+    saliency = saliency.float()
+    if not torch.isfinite(saliency).all():
+        raise DataError(path, "the map contains NaN or inf")
+    return saliency, score, size
+
+
+def read_scores(path: Path) -> dict[tuple[str, str], float]:
+    scores = {}
+    with open(path, newline="") as handle:
+        for line, row in enumerate(csv.DictReader(handle), 2):
+            try:
+                value = float(row["score"])
+                scores[(row["image_id"], row["finding"])] = value
+            except (KeyError, TypeError, ValueError):
+                raise DataError(path, "expected columns image_id,finding,score with a number", row=line) from None
+            if not 0 <= value <= 1:
+                raise DataError(path, f"score {value} is not in [0, 1]", row=line)
+    return scores
+
+
+def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], scores: dict, preprocess: Preprocess | None,
+                  replayer: Replayer, chunk: int) -> tuple[int, bool]:
+    """Feed one dataset's maps into ``replayer``: returns (images scored, whether every pair had a score)."""
+    classes = list(child.classes)
+    records = child.prepare_records()
+    wanted = {r.image_id for r in records}
+    found: dict[str, dict[str, tuple[Path, str]]] = {}
+    unmatched = []
+    for image_id, spelled, path in files:
+        finding = finding_name(spelled, child.name, classes)
+        if image_id not in wanted or finding is None:
+            unmatched.append(path)
+            continue
+        if finding in found.setdefault(image_id, {}):
+            raise DataError(path, f"a second map for {image_id} / {finding} (first: {found[image_id][finding][0]})")
+        found[image_id][finding] = (path, spelled)
+    if unmatched:
+        child.problems.append(Problem(str(unmatched[0].parent), None, f"{len(unmatched)} map file(s) match no evaluated image "
+                                      f"and finding of {child.name} (first: {unmatched[0].name}); not scored"))
+    kept = []
+    for record in records:
+        have = found.get(record.image_id, {})
+        missing = [c for c in classes if c not in have]
+        if missing:
+            child.problems.append(Problem(record.image_id, None, f"no map for {', '.join(missing)}"
+                                          + ("" if have else " (no map at all)") + "; image not scored"))
+            continue
+        kept.append(record)
+    if not kept:
+        raise DataError(child.root or child.name, f"{child.name}: no image has a map for every finding "
+                        f"({len(child.problems)} problem(s))")
+    dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
+    all_scored = True
+    for start in range(0, len(kept), chunk):
+        part = kept[start:start + chunk]
+        groups: dict[tuple[int, int], list] = {}
+        for record in part:
+            height, width = read_image_size(record.path)
+            maps, row = [], []
+            for finding in classes:
+                path, spelled = found[record.image_id][finding]
+                saliency, score, size = read_map(path)
+                if size is not None and size != (height, width):
+                    raise DataError(path, f"the map's file says the image is {size[0]}x{size[1]} (H x W); "
+                                    f"{record.path} is {height}x{width}")
+                if score is None:
+                    score = scores.get((record.image_id, finding), scores.get((record.image_id, spelled)))
+                maps.append(saliency)
+                row.append(float("nan") if score is None else float(score))
+            if len({m.shape for m in maps}) != 1:
+                raise DataError(found[record.image_id][classes[0]][0].parent, f"{record.image_id}: its maps differ in size "
+                                f"({sorted({tuple(m.shape) for m in maps})}); score maps of one size per run")
+            groups.setdefault(tuple(maps[0].shape), []).append((record.image_id, (height, width), torch.stack(maps), row))
+        for (h, w), items in groups.items():
+            if preprocess is None:  # the map spans the whole original image: call that an input of max(h, w) squared
+                size = max(h, w)
+                affine = [[size / W, size / H, 0.0, 0.0] for _, (H, W), _, _ in items]
+            else:
+                size = preprocess.size
+                affine = [list(preprocess.plan(H, W)[1]) for _, (H, W), _, _ in items]
+            score_rows = torch.tensor([row for *_, row in items], dtype=torch.float32)
+            all_scored &= not bool(torch.isnan(score_rows).any())
+            shard = {"classes": classes, "image_ids": [i for i, *_ in items], "input_size": size,
+                     "original_size": torch.tensor([s for _, s, _, _ in items]),
+                     "affine": torch.tensor(affine, dtype=torch.float64),
+                     "scores": torch.nan_to_num(score_rows, nan=0.5), "saliency": torch.stack([m for *_, m, _ in items])}
+            replay(replayer, dataset, shard, chunk=chunk)
+    return len(kept), all_scored
+
+
+def grounding_only(table: dict) -> dict:
+    """Null the recognition keys of a table made without scores (their bootstrap intervals too)."""
+    ci = table.get("ci") or {"classes": {}, "mean": {}}
+    for row in [*table["classes"].values(), table["mean"], *ci["classes"].values(), ci["mean"]]:
+        row.update({k: None for k in RECOGNITION_KEYS if k in row})
+    return table

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xbench_pl.data.base import Batch
+from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 
 FORMAT = 1
@@ -270,3 +270,50 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
         replayer.answer = None
         fed += ids
     return fed
+
+
+def metrics_replayer(datamodule: XBenchDataModule, **settings) -> Replayer:
+    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) holding the metrics of every dataset of
+    ``datamodule``, created in the order a test run creates them."""
+    replayer = Replayer(**settings)
+    for spec in datamodule.dataset_specs:
+        replayer.add_dataset(spec.name, spec.classes)
+    return replayer
+
+
+def compute_tables(replayer: Replayer) -> dict[str, dict]:
+    """Every dataset's table: ``{dataset: BenchmarkMetrics.compute()}``."""
+    with torch.inference_mode():
+        return {name: table.compute() for name, table in replayer.benchmark.items()}
+
+
+def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
+    """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
+    ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
+    good, bad = store.load()
+    if bad:
+        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
+                         f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
+                         "which redoes their images")
+    replayer = metrics_replayer(datamodule, **metrics)
+    for child in datamodule.datamodules:
+        dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
+        seen: set[str] = set()
+        for shard in good:
+            if shard["dataset"] == child.name:
+                seen.update(replay(replayer, dataset, shard, skip=seen, chunk=chunk))
+        missing = [r.image_id for r in dataset.records if r.image_id not in seen]
+        if missing:
+            raise StoreError(f"{store} lacks {len(missing)} of the {len(dataset)} image(s) of {child.name} (first: "
+                             f"{missing[0]!r}): its run did not finish; continue it with test ... --predictions {store} --resume")
+    return replayer
+
+
+def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
+    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store``)."""
+    return compute_tables(replay_store(store, datamodule, metrics, chunk))
+
+
+def model_name(stored: dict) -> str:
+    """A store's model as its manifest names it (the model's class path where it has no name)."""
+    return stored.get("model_name") or stored.get("config", {}).get("model", {}).get("class_path", "model")

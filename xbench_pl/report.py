@@ -31,6 +31,9 @@ import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 
 def _cell(value) -> str:
@@ -47,7 +50,7 @@ def markdown_table(rows: dict[str, dict], first: str) -> str:
 
 
 def format_problem(problem: dict) -> str:
-    from xbench_pl.data.io import Problem
+    from xbench_pl.data.errors import Problem
 
     return str(Problem(**problem))
 
@@ -172,3 +175,18 @@ def publish_report(report: dict, out_dir: str | Path) -> Path:
     for line in problem_summary(report, out):
         print(line)
     return out
+
+
+def score_host() -> SimpleNamespace:
+    """What ``report.provenance`` reads of a trainer, for a run without one (one CPU process)."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
+                           world_size=1, num_nodes=1)
+
+
+def publish_scores(out: str, started: float, scored_from: str, **report) -> Path:
+    """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
+    one CPU process, ``scored_from`` the store or maps folder."""
+    report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
+    return publish_report(report, out)

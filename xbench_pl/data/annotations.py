@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from xbench_pl.data.io import DataError, parse_floats
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import parse_floats
 from xbench_pl.data.regions import Box, Mask, Polygon, sample_indices
 
 

@@ -16,9 +16,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
+from xbench_pl.data import splits
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
-from xbench_pl.data.io import DataError, Problem, read_image_size
+from xbench_pl.data.errors import DataError, Problem
+from xbench_pl.data.io import read_image_size
 from xbench_pl.data.regions import Box, Polygon, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
 
@@ -302,8 +304,6 @@ class XBenchDataModule(L.LightningDataModule):
         """``fit``'s training and validation sets (``xbench_pl.data.splits``): the dataset's official
         non-test images where it has them, split by patient (or read from ``fit_split``); the split is
         written to ``split_out`` when set (rank zero only: every rank computes the same split)."""
-        from xbench_pl.data import splits
-
         if self.train_set is None:
             pool, self.fit_source = splits.fit_pool(self)
             if self.fit_split:
@@ -405,7 +405,7 @@ class XBenchDataModule(L.LightningDataModule):
         if self.split_file is None:
             return records
         by_id = {r.image_id: r for r in records}
-        wanted = read_split_file(self.split_file, by_id)
+        wanted = splits.read_split_file(self.split_file, by_id)
         if not wanted:
             raise DataError(self.split_file, "split file lists no image ids")
         for image_id, line in wanted.items():
@@ -503,38 +503,6 @@ def source_file_row(source: str) -> tuple[str, str | None]:
     """``Record.source`` (``"FILE, row N"`` or ``"FILE"``) as ``(FILE, "N" or None)``."""
     file, sep, row = source.rpartition(", row ")
     return (file, row) if sep and row else (source, None)
-
-
-def read_split_file(path: str | Path, known_ids=()) -> dict[str, int]:
-    """The image ids a split file lists, in order, each with its 1-based line (first occurrence).
-
-    One column: one id a line; the first line is a header when it is no id in ``known_ids``
-    (``id``, ``image_id``, ``file``), else the first id. Several columns: the first line is
-    the header, and the ids are its ``image_id`` or ``id`` column (any case), else its first.
-    Blank lines and surrounding spaces are ignored.
-    """
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            rows = [(line, [cell.strip() for cell in cells]) for line, cells in enumerate(csv.reader(handle), 1)]
-    except FileNotFoundError as error:
-        raise DataError(path, "split file not found") from error
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise DataError(path, f"cannot read the split file: {error}") from error
-    rows = [(line, cells) for line, cells in rows if any(cells)]
-    if not rows:
-        return {}
-    header = rows[0][1]
-    if len(header) == 1 and max(len(cells) for _, cells in rows) == 1:
-        column, body = 0, rows[1:] if header[0] not in known_ids else rows
-    else:
-        names = [cell.lower() for cell in header]
-        column = next((names.index(n) for n in ("image_id", "id") if n in names), 0)
-        body = rows[1:]
-    wanted: dict[str, int] = {}
-    for line, cells in body:
-        if column < len(cells) and cells[column]:
-            wanted.setdefault(cells[column], line)
-    return wanted
 
 
 def _identity(sample):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 SPLITS = ("test", "train")

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from xbench_pl.data.annotations import MaskFile, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 

@@ -30,7 +30,7 @@ from pydicom import dcmread
 from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 
 GREY = ("MONOCHROME1", "MONOCHROME2")
 

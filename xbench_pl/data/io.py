@@ -1,5 +1,4 @@
-"""Reading native files: images as grey float arrays in [0, 1], annotation tables, and the
-errors bad input raises.
+"""Reading native files: images as grey float arrays in [0, 1] and annotation tables.
 
 Structural problems (a missing table or column, an empty split) always raise ``DataError``.
 Per-row and per-image problems go through a ``report`` callable (the datamodule's
@@ -11,62 +10,14 @@ duplicate row dropped) is always recorded, with its ``action``, and never raises
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
-
-class DataError(ValueError):
-    """Bad input: the message names the file (and row) and says what is wrong.
-
-    Picklable (``__reduce__``). ``DataError(message)`` alone is how torch re-raises an error
-    from a DataLoader worker: the message is the worker's traceback, which ends in the
-    original message naming the file; ``problem`` then holds it as its reason.
-    """
-
-    def __init__(self, file: str | Path, reason: str | None = None, row: int | str | None = None, action: str = "skipped"):
-        row = None if row is None else str(row)
-        self.arguments = (str(file), reason, row, action)
-        if reason is None:
-            self.problem = Problem("", None, str(file), action)
-            super().__init__(str(file))
-        else:
-            self.problem = Problem(str(file), row, reason, action)
-            super().__init__(str(self.problem))
-
-    def __reduce__(self):
-        return type(self), self.arguments
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One bad input found while reading a dataset.
-
-    ``row`` is the 1-based line of the annotation file (the header is line 1), or ``None``
-    for a whole file; for an image (``file`` is the image) it is the row of the annotation
-    table listing it, which the reason names; ``action`` says what was done about it: ``"skipped"`` (the row, region
-    or image was left out; an error unless ``on_error="skip"``), or a correction recorded in
-    either mode: ``"clipped"`` (a box or polygon reaching outside its image was cut to it and
-    kept), ``"deduplicated"`` (an exact repeat of an earlier row was dropped), ``"empty_on_grid"``
-    (a region covering no eval-grid pixel centre, smaller than one eval pixel or outside its
-    image, was dropped; a larger ``eval_size`` keeps a small one).
-    """
-
-    file: str
-    row: str | None
-    reason: str
-    action: str = "skipped"
-
-    def __str__(self) -> str:
-        # an image's problem carries the row of the table listing it, named in its reason
-        where = self.file if self.row is None or f", row {self.row}" in self.reason else f"{self.file}, row {self.row}"
-        return f"{where}: {self.reason}"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from xbench_pl.data.dicom import read_dicom, read_dicom_size
+from xbench_pl.data.errors import DataError, Problem
 
 
 Report = Callable[[DataError], None]
@@ -96,8 +47,6 @@ def _read(path: str | Path, header_only: bool):
     if not path.is_file():
         raise DataError(path, "image file not found")
     if is_dicom(path):
-        from xbench_pl.data.dicom import read_dicom, read_dicom_size  # dicom imports DataError from here
-
         return read_dicom_size(path) if header_only else read_dicom(path)
     try:
         with Image.open(path) as image:

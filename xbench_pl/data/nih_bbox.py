@@ -38,7 +38,8 @@ import pandas as pd
 
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, drop_duplicate_rows, read_table
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 

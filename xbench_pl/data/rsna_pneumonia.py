@@ -28,7 +28,8 @@ from pathlib import Path
 
 from xbench_pl.data.annotations import parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.vocabulary import dataset_classes
 
 LABEL_TABLE = "stage_2_train_labels.csv"

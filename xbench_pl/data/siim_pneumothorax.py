@@ -34,7 +34,8 @@ import numpy as np
 
 from xbench_pl.data.annotations import ImageIndex
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, Report, drop_duplicate_rows, raise_error, read_table
+from xbench_pl.data.errors import DataError
+from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.regions import Mask
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import dataset_classes

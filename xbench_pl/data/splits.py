@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xbench_pl.data.io import DataError
+from xbench_pl.data.annotations import find_one
+from xbench_pl.data.errors import DataError
 
 SPLIT_COLUMNS = ("image_id", "patient_id", "split")
 SETS = ("train", "val")
@@ -61,9 +62,6 @@ def fit_pool(datamodule) -> tuple[list, str]:
     records = datamodule.prepare_records()
     test_list = datamodule.fit_test_list
     if test_list and datamodule.root is not None:
-        from xbench_pl.data.annotations import find_one
-        from xbench_pl.data.base import read_split_file
-
         path = find_one(datamodule.root, (test_list,), required=False)
         if path is not None:
             held_out = read_split_file(path, {r.image_id for r in records})
@@ -142,3 +140,35 @@ def read_split(path: str | Path, records: list, report: Callable[[DataError], No
         if name not in assignment.values():
             raise DataError(path, f"the fit split file leaves no image of the dataset in {name}")
     return assignment
+
+
+def read_split_file(path: str | Path, known_ids=()) -> dict[str, int]:
+    """The image ids a split file lists, in order, each with its 1-based line (first occurrence).
+
+    One column: one id a line; the first line is a header when it is no id in ``known_ids``
+    (``id``, ``image_id``, ``file``), else the first id. Several columns: the first line is
+    the header, and the ids are its ``image_id`` or ``id`` column (any case), else its first.
+    Blank lines and surrounding spaces are ignored.
+    """
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            rows = [(line, [cell.strip() for cell in cells]) for line, cells in enumerate(csv.reader(handle), 1)]
+    except FileNotFoundError as error:
+        raise DataError(path, "split file not found") from error
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DataError(path, f"cannot read the split file: {error}") from error
+    rows = [(line, cells) for line, cells in rows if any(cells)]
+    if not rows:
+        return {}
+    header = rows[0][1]
+    if len(header) == 1 and max(len(cells) for _, cells in rows) == 1:
+        column, body = 0, rows[1:] if header[0] not in known_ids else rows
+    else:
+        names = [cell.lower() for cell in header]
+        column = next((names.index(n) for n in ("image_id", "id") if n in names), 0)
+        body = rows[1:]
+    wanted: dict[str, int] = {}
+    for line, cells in body:
+        if column < len(cells) and cells[column]:
+            wanted.setdefault(cells[column], line)
+    return wanted

@@ -11,6 +11,7 @@ import torch
 from torchmetrics.functional.classification import binary_calibration_error
 
 from xbench_pl.metrics import kernels
+from xbench_pl.metrics.kernels import default_thresholds, otsu_threshold_from_histogram
 
 #: Pixels within this fraction of a map's value range of its maximum count as maximal,
 #: and a map whose range is below this fraction of its magnitude counts as constant:
@@ -18,12 +19,6 @@ from xbench_pl.metrics import kernels
 RELATIVE_TOLERANCE = 1e-6
 
 NORMALIZE_MODES = ("minmax", "max", "none")
-
-
-def default_thresholds(step: float = 0.01, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The threshold grid 0, step, ..., 1 (101 values by default)."""
-    count = round(1 / step)
-    return (torch.arange(count + 1, dtype=torch.float64) / count).to(dtype)
 
 
 def _raise_if_not_finite(per_map: torch.Tensor) -> None:
@@ -198,23 +193,6 @@ def otsu_threshold(maps8: torch.Tensor) -> torch.Tensor:
     flat = maps8.flatten(1).long()
     rows = torch.arange(n, device=flat.device)[:, None] * 256
     return otsu_threshold_from_histogram(torch.bincount((flat + rows).flatten(), minlength=256 * n).view(n, 256), flat.shape[1])
-
-
-def otsu_threshold_from_histogram(hist: torch.Tensor, pixels: int) -> torch.Tensor:
-    """``otsu_threshold`` from each map's 256-bin histogram ``[N, 256]`` (int64) of ``pixels`` pixels."""
-    hist = hist.double()
-    p = hist / pixels
-    level = torch.arange(256, dtype=torch.float64, device=hist.device)
-    q1 = p.cumsum(1)
-    q2 = 1 - q1
-    mu = (p * level).sum(1, keepdim=True)
-    mu1 = (p * level).cumsum(1) / q1.clamp_min(1e-300)
-    mu2 = (mu - q1 * mu1) / q2.clamp_min(1e-300)
-    eps = float(torch.finfo(torch.float32).eps)
-    valid = (torch.minimum(q1, q2) >= eps) & (torch.maximum(q1, q2) <= 1 - eps)
-    sigma = torch.where(valid, q1 * q2 * (mu1 - mu2) ** 2, torch.zeros_like(q1))
-    best = sigma.argmax(1)  # first maximum
-    return torch.where(sigma.gather(1, best[:, None])[:, 0] > 0, best, torch.zeros_like(best))
 
 
 def otsu_dice_iou(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

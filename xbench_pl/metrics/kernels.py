@@ -49,6 +49,29 @@ RELATIVE_TOLERANCE = 1e-6  # functional.RELATIVE_TOLERANCE (kept equal by a test
 _MODES = {"minmax": 0, "max": 1, "none": 2}
 
 
+def default_thresholds(step: float = 0.01, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The threshold grid 0, step, ..., 1 (101 values by default)."""
+    count = round(1 / step)
+    return (torch.arange(count + 1, dtype=torch.float64) / count).to(dtype)
+
+
+def otsu_threshold_from_histogram(hist: torch.Tensor, pixels: int) -> torch.Tensor:
+    """``otsu_threshold`` from each map's 256-bin histogram ``[N, 256]`` (int64) of ``pixels`` pixels."""
+    hist = hist.double()
+    p = hist / pixels
+    level = torch.arange(256, dtype=torch.float64, device=hist.device)
+    q1 = p.cumsum(1)
+    q2 = 1 - q1
+    mu = (p * level).sum(1, keepdim=True)
+    mu1 = (p * level).cumsum(1) / q1.clamp_min(1e-300)
+    mu2 = (mu - q1 * mu1) / q2.clamp_min(1e-300)
+    eps = float(torch.finfo(torch.float32).eps)
+    valid = (torch.minimum(q1, q2) >= eps) & (torch.maximum(q1, q2) <= 1 - eps)
+    sigma = torch.where(valid, q1 * q2 * (mu1 - mu2) ** 2, torch.zeros_like(q1))
+    best = sigma.argmax(1)  # first maximum
+    return torch.where(sigma.gather(1, best[:, None])[:, 0] > 0, best, torch.zeros_like(best))
+
+
 def available() -> bool:
     return numba is not None and not _FORCED_OFF and os.environ.get(ENV, "1") != "0"
 
@@ -397,8 +420,6 @@ def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.
     hi, lo = map_range(flat)
     constant, max_floor = _pointing_scalars(hi, lo)
     if thresholds is None:
-        from xbench_pl.metrics.functional import default_thresholds
-
         thresholds = default_thresholds()
     thresholds = thresholds.to("cpu", torch.float32).contiguous()
     shift, divisor, zero = _normalisation(hi, lo, constant, normalize)
@@ -437,8 +458,6 @@ def curve_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def otsu_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    from xbench_pl.metrics.functional import otsu_threshold_from_histogram
-
     levels = counts["levels"]
     threshold = otsu_threshold_from_histogram(levels.sum(1), counts["pixels"])
     above = torch.arange(256)[None, :] > threshold[:, None]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from xbench_pl.data.annotations import parse_box
-from xbench_pl.data.io import DataError
+from xbench_pl.data.errors import DataError
 from xbench_pl.data.nih_bbox import read_box_table
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess

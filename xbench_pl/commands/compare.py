@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from xbench_pl.arguments import PROG, take_option
-from xbench_pl.data.io import DataError
+from xbench_pl.commands.arguments import PROG, take_option
+from xbench_pl.data.errors import DataError
 from xbench_pl.metrics.benchmark import interval
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
-from xbench_pl.predictions import Store, StoreError
-from xbench_pl.score import UsageProblem, model_name, open_store, replay_store
+from xbench_pl.commands.score import UsageProblem, open_store
+from xbench_pl.predictions import Store, StoreError, model_name, replay_store
 
 USAGE = f"usage: {PROG} compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
 

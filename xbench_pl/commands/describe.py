@@ -22,8 +22,8 @@ import sys
 from jsonargparse import ArgumentParser
 
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.io import DataError, Problem
-from xbench_pl.arguments import take_option
+from xbench_pl.data.errors import DataError, Problem
+from xbench_pl.commands.arguments import take_option
 from xbench_pl.registry import available, read_config
 
 

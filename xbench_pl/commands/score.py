@@ -15,27 +15,55 @@ settings (default: the run's). Every evaluated image must be in the store, and e
 read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
 the run with ``test ... --predictions DIR --resume``).
 
-``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``score_maps.py``).
+``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``MAPS_HELP``).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-import torch
 from jsonargparse import ArgumentParser
 
-from xbench_pl.arguments import PROG, datamodule_problems, take_option
-from xbench_pl.data.base import XBenchDataModule, XBenchDataset
-from xbench_pl.data.io import DataError
-from xbench_pl.predictions import Replayer, Store, StoreError, replay
+from xbench_pl.commands.arguments import PROG, datamodule_problems, take_option
+from xbench_pl.data.errors import DataError
+from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
+from xbench_pl.geometry import Preprocess
+from xbench_pl.predictions import Store, StoreError, compute_tables, metrics_replayer, model_name, rescore
 from xbench_pl.registry import read_config, resolve_class
-from xbench_pl.report import build_report, provenance, publish_report
+from xbench_pl.report import publish_scores
+
+MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
+
+Scores saliency maps made by anything (Grad-CAM, attention rollout, a new method) with the
+benchmark's own metrics: the maps go through the same warp to the eval grid, the same
+``ZeroShotModel.test_step`` and ``BenchmarkMetrics`` as a ``test`` run (``predictions.replay``),
+so ``metrics.json`` / ``metrics.md`` have the same layout. No model is built; images are not
+decoded (only their headers, for their size).
+
+``DIR`` holds, in any mix:
+
+* ``DIR/<image_id>/<finding>.npy`` or ``.pt``: one 2-D array (any resolution) per (image, finding);
+  ``<image_id>`` is the dataset's image id, ``<finding>`` its finding name or any spelling the
+  dataset's vocabulary knows (e.g. CheXlocalize's ``Airspace Opacity`` for ``Lung Opacity``);
+* ``DIR/**/<cxr_id>_<task>_map.pkl``: CheXlocalize's Grad-CAM pickles as that project distributes
+  them (read without running pickled code, ``external_maps``); their ``prob`` is the score;
+* ``DIR/scores.csv`` (optional): ``image_id,finding,score`` rows, scores in [0, 1];
+* ``DIR/preprocess.json`` (optional): the ``geometry.Preprocess`` the maps were made on, e.g.
+  ``{"resize": "crop", "size": 224}``; each map then spans that model input. Without it a map
+  spans the whole original image (the CheXlocalize convention).
+
+Without any score the run is grounding-only: the recognition keys (``auroc``, ``auprc``, ``f1``,
+``hamming_acc``, ``ece``) are null. An evaluated image without a map for every finding is left out
+and listed in ``problems`` (naming the findings missing); maps matching no evaluated image or
+finding are counted there too. A map that cannot be read, is not 2-D or holds NaN/inf is an error
+naming its file (exit 1); so is an image whose maps differ in size (score them as separate runs).
+"""
 
 METRIC_OPTIONS = {"normalize": str, "fixed_threshold": float, "score_threshold": float}
 
@@ -50,68 +78,6 @@ def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: d
                             help=f"metric setting (default: the run's, {metric_defaults.get(name)!r})")
     parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update")
     return parser
-
-
-def score_host() -> SimpleNamespace:
-    """What ``report.provenance`` reads of a trainer, for a run without one (one CPU process)."""
-    from lightning.pytorch.accelerators import CPUAccelerator
-
-    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
-                           world_size=1, num_nodes=1)
-
-
-def metrics_replayer(datamodule: XBenchDataModule, **settings) -> Replayer:
-    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) holding the metrics of every dataset of
-    ``datamodule``, created in the order a test run creates them."""
-    replayer = Replayer(**settings)
-    for spec in datamodule.dataset_specs:
-        replayer.add_dataset(spec.name, spec.classes)
-    return replayer
-
-
-def compute_tables(replayer: Replayer) -> dict[str, dict]:
-    """Every dataset's table: ``{dataset: BenchmarkMetrics.compute()}``."""
-    with torch.inference_mode():
-        return {name: table.compute() for name, table in replayer.benchmark.items()}
-
-
-def publish_scores(out: str, started: float, scored_from: str, **report) -> Path:
-    """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
-    one CPU process, ``scored_from`` the store or maps folder."""
-    report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
-    return publish_report(report, out)
-
-
-def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
-    """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
-    ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
-    good, bad = store.load()
-    if bad:
-        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
-                         f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
-                         "which redoes their images")
-    replayer = metrics_replayer(datamodule, **metrics)
-    for child in datamodule.datamodules:
-        dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
-        seen: set[str] = set()
-        for shard in good:
-            if shard["dataset"] == child.name:
-                seen.update(replay(replayer, dataset, shard, skip=seen, chunk=chunk))
-        missing = [r.image_id for r in dataset.records if r.image_id not in seen]
-        if missing:
-            raise StoreError(f"{store} lacks {len(missing)} of the {len(dataset)} image(s) of {child.name} (first: "
-                             f"{missing[0]!r}): its run did not finish; continue it with test ... --predictions {store} --resume")
-    return replayer
-
-
-def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
-    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store``)."""
-    return compute_tables(replay_store(store, datamodule, metrics, chunk))
-
-
-def model_name(stored: dict) -> str:
-    """A store's model as its manifest names it (the model's class path where it has no name)."""
-    return stored.get("model_name") or stored.get("config", {}).get("model", {}).get("class_path", "model")
 
 
 class UsageProblem(ValueError):
@@ -156,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a == "--maps" or a.startswith("--maps=") for a in argv):  # maps made elsewhere: score_maps.py
-        from xbench_pl.score_maps import main as score_maps
-
         return score_maps(argv)
     folder, rest = take_option(argv, "--predictions")
     if folder is None:
@@ -188,5 +152,62 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def score_maps(argv: list[str]) -> int:
+    """``score --maps DIR``: maps made elsewhere (``MAPS_HELP``)."""
+    started = time.time()
+    folder, rest = take_option(list(argv), "--maps")
+    name, rest = take_option(rest, "--data")
+    if any(a in ("-h", "--help") for a in rest):
+        print(f"usage: {PROG} score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
+              f"[--normalize M] [--fixed_threshold T] [--score_threshold T]\n\n{MAPS_HELP.split(chr(10) + chr(10), 1)[1]}")
+        return 0
+    if folder is None or name is None:
+        print(f"error: score --maps DIR needs --data NAME (the dataset the maps are of)", file=sys.stderr)
+        return 2
+    folder = Path(folder)
+    if not folder.is_dir():
+        print(f"error: --maps {folder}: not a folder", file=sys.stderr)
+        return 2
+    try:
+        datamodule_class, defaults = read_config("data", name)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        print(f"error: --data {name}: {error}", file=sys.stderr)
+        return 2
+    parser = build_parser(datamodule_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
+    parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for ci (0 = off)")
+    args = parser.parse_args(rest)
+    chosen = args.data.as_dict()
+    metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
+    try:
+        preprocess, preprocess_config = None, None
+        if (folder / "preprocess.json").is_file():
+            try:
+                preprocess_config = json.loads((folder / "preprocess.json").read_text())
+                preprocess = Preprocess(**preprocess_config)
+            except (ValueError, TypeError) as error:
+                raise DataError(folder / "preprocess.json", f"not a Preprocess ({error})") from None
+        scores = read_scores(folder / "scores.csv") if (folder / "scores.csv").is_file() else {}
+        files = index_maps(folder)
+        datamodule = datamodule_class(**chosen)
+        replayer = metrics_replayer(datamodule, **metrics, cxl=args.cxl, bootstrap=args.bootstrap)
+        scored = {}
+        for child in datamodule.datamodules:
+            scored[child.name] = score_dataset(child, files, scores, preprocess, replayer, args.chunk)
+    except (DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    results = compute_tables(replayer)
+    for n, (_, all_scored) in scored.items():
+        if not all_scored:
+            grounding_only(results[n])
+    config = {"maps": str(folder), "data": {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}",
+                                            "init_args": chosen},
+              "model": {"init_args": {**metrics, "cxl": args.cxl, "bootstrap": args.bootstrap},
+                        "preprocess": preprocess_config,
+                        "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
+    out = publish_scores(args.out, started, str(folder), model=f"maps:{folder.name}", results=results,
+                         problems=datamodule_problems(datamodule), config=config)
+    print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
+          f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
+    return 0

@@ -1,4 +1,4 @@
-"""``python -m xbench_pl COMMAND ...``: ``test`` and ``fit`` (a LightningCLI) and ``describe`` (a module).
+"""``test`` and ``fit``: the Lightning Trainer verbs, through one ``LightningCLI`` (``XBenchCLI``).
 
 ``test --model NAME --data NAME [--data.*] [--trainer.*] [--out DIR]``: ``--model``/``--data``
 take a registered name (resolved to its config file, ``xbench_pl.registry``), a class path, or
@@ -8,65 +8,30 @@ and prints the per-dataset table. ``fit`` (same options, plus ``--data.val_fract
 ``--data.split_seed``, ``--data.fit_split`` and ``--model.trainable``/``lr``/``weight_decay``)
 fine-tunes on the dataset's training split, validates every epoch with the benchmark's metrics,
 and writes ``OUT/checkpoints/last.ckpt`` (``test --ckpt_path`` loads it), ``OUT/split.csv`` and
-``OUT/fit.json``. Other commands are modules with ``main(argv) -> int`` (``COMMANDS``), imported
-only when called.
-
-Expected user errors (a bad option value, a missing file or folder, bad data, a checkpoint
-that does not fit) end the command with one ``error: ...`` line and exit status 2;
-``--debug`` (or ``XBENCH_DEBUG=1``) shows the traceback instead. Any other exception shows
-its traceback. Lightning's info chatter (seed, device lines, tips, its own metric table) is
-off; the progress bar and warnings stay.
+``OUT/fit.json``.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
-import os
-import pickle
-import re
 import sys
 import time
-import traceback
-import warnings
-from argparse import ArgumentError
 from pathlib import Path
 from typing import Optional
 
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-from xbench_pl.arguments import PROG, datamodule_problems, take_option
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems
+from xbench_pl.commands.errors import UsageError
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
-from xbench_pl.registry import UnknownName, config_path
+from xbench_pl.registry import config_path
 from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
-DEBUG_ENV = "XBENCH_DEBUG"
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
-#: the Lightning Trainer verbs this CLI runs (LightningCLI subcommands)
-TRAINER_COMMANDS = ("test", "fit")
-#: commands other than ``test``, each a module with ``main(argv) -> int``, imported lazily; they share
-#: argv helpers with this module through ``xbench_pl.arguments``, never by importing it
-COMMANDS = {"describe": "xbench_pl.describe", "sweep": "xbench_pl.sweep", "report": "xbench_pl.report_html", "score": "xbench_pl.score",
-            "compare": "xbench_pl.compare"}
-#: one line per command for ``--help``
-SUMMARIES = {
-    "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
-    "fit": "fine-tune a model on a dataset's training split, validating every epoch with the benchmark's metrics",
-    "describe": "count a dataset's images, positives and regions per finding and list its input problems",
-    "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
-    "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
-    "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
-    "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
-}
-
-
-class UsageError(ValueError):
-    """A user error whose message is ready to print (an option, a file and what to do)."""
 
 
 def resolve_names(argv: list[str]) -> list[str]:
@@ -238,28 +203,6 @@ class XBenchCLI(LightningCLI):
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
 
 
-def usage() -> str:
-    width = max(len(c) for c in SUMMARIES)
-    lines = [f"usage: {PROG} COMMAND [options]      ({PROG} COMMAND --help: the command's options)", "",
-             "Zero-shot recognition and grounding benchmark of chest X-ray vision-language models.", "", "commands:"]
-    lines += [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
-    lines += ["", "options:", f"  {'--debug':<{width}}  show the traceback of an error (also {DEBUG_ENV}=1)",
-              f"  {'-h, --help':<{width}}  this message"]
-    return "\n".join(lines)
-
-
-def quiet_lightning(short_warnings: bool = True) -> None:
-    """Progress bar and warnings only: no seed line, device lines, tips or deprecation notes of Lightning's;
-    warnings as one ``warning: ...`` line (without the source line that raised them)."""
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch >= 2.10
-    warnings.filterwarnings("ignore", message=r".*does not have many workers")
-    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
-    if short_warnings:
-        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
-
-
 def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
     """``test`` or ``fit`` (``TRAINER_COMMANDS``) through ``XBenchCLI``."""
     from xbench_pl.callbacks import wandb_offline_by_default
@@ -288,131 +231,3 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
         auto_configure_optimizers=False,
     )
     return 0
-
-
-# -- errors -------------------------------------------------------------------------------------
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from (or while handling), outermost first."""
-    seen = []
-    while error is not None and error not in seen:
-        seen.append(error)
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-    return seen
-
-
-def _own_errors() -> tuple[type, ...]:
-    from xbench_pl.data.io import DataError
-    from xbench_pl.models.checkpoints import CheckpointError
-
-    return DataError, CheckpointError, UsageError, UnknownName
-
-
-def _option_of(error: BaseException) -> str:
-    """``--data`` or ``--model`` when ``error`` was raised while building a datamodule or a model."""
-    for frame, _ in traceback.walk_tb(error.__traceback__):
-        owner = frame.f_locals.get("self")
-        if frame.f_code.co_name == "__init__" and isinstance(owner, XBenchDataModule):
-            return "--data"
-        if frame.f_code.co_name == "__init__" and isinstance(owner, ZeroShotModel):
-            return "--model"
-    return ""
-
-
-def _last_line(message: str) -> str:
-    """A re-raised worker error carries the worker's traceback: its last line is the message."""
-    if "Traceback (most recent call last)" in message:
-        lines = [line for line in message.strip().splitlines() if line.strip()]
-        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1].strip())
-    return " ".join(message.split())
-
-
-def argument_message(error: ArgumentError) -> str:
-    """jsonargparse's nested parse error as one line: the option and the innermost complaint."""
-    text = str(error)
-    keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k not in TRAINER_COMMANDS]
-    innermost = _chain(error)[-1]
-    message = str(innermost).strip().splitlines()[0] if str(innermost).strip() else text.strip().splitlines()[0]
-    message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
-    message = re.sub(r"\b(?:test|fit)\.(\w)", r"--\1", message)  # "required: test.data" -> "--data"
-    class_path = re.search(r"Problem with given class_path '([\w.]+)'", text)
-    if class_path and isinstance(innermost, ImportError):
-        message = f"cannot import {class_path.group(1)}: {message}"
-    elif class_path and "is not accepted" in message:
-        keys.append(re.search(r"Option '([^']+)'", message).group(1))
-        message = f"not an option of {class_path.group(1)} (its options: {PROG} test --{keys[0]}.help {class_path.group(1)})"
-    message = re.sub(r"^Expected a (.+)\. Got value: (.*)$", r"expected a \1, got '\2'", message)
-    if message.startswith("unrecognized arguments"):
-        message += f" (see {PROG} test --help)"
-    option = "--" + ".".join(keys) if keys else ""
-    return f"{option}: {message}" if option else message
-
-
-def user_error_message(error: BaseException) -> str | None:
-    """The one line for an expected user error, or None for an unexpected exception."""
-    chain = _chain(error)
-    if any(isinstance(e, RuntimeError) and "remote worker crash" in str(e) for e in chain):
-        return "another DDP rank stopped (its error: above); this rank could not go on without it"
-    if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
-        return argument_message(error)
-    own = next((e for e in chain if isinstance(e, _own_errors())), None)
-    if own is None and any(isinstance(e, pickle.UnpicklingError) for e in chain):  # Lightning's torch.load of --ckpt_path
-        return ("--ckpt_path: the checkpoint holds more than tensors and plain data, so it is not loaded (weights_only); "
-                "for a file you trust only: --weights_only false")
-    loading = next((e for e in chain if isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")),
-                   None)
-    if own is None and loading is not None:  # Lightning's strict load of a --ckpt_path into --model
-        details = " ".join(line.strip() for line in str(loading).splitlines()[1:])
-        return f"--ckpt_path: the checkpoint does not fit --model: {details[:400]}{' ...' if len(details) > 400 else ''}"
-    if own is None:  # the innermost plain user error: jsonargparse wraps a class's own ValueError in its own
-        own = next((e for e in reversed(chain) if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError))), None)
-    if own is None:
-        return None
-    message = _last_line(own.args[0] if isinstance(own, KeyError) and own.args else str(own))
-    option = "" if isinstance(own, UsageError) else _option_of(own)
-    return f"{option}: {message}" if option else message
-
-
-def is_rank_zero() -> bool:
-    return all(int(os.environ.get(v, "0") or 0) == 0 for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
-
-
-def print_error(message: str) -> None:
-    """One ``error:`` line. A DDP rank > 0 stays silent when rank 0 (its parent, Lightning's launcher)
-    ends too, as it does for an error every rank hits; an error of its own is printed."""
-    if not is_rank_zero():
-        parent, deadline = os.getppid(), time.monotonic() + 3
-        while time.monotonic() < deadline and os.getppid() == parent:
-            time.sleep(0.1)
-        if os.getppid() != parent:
-            return
-        message = f"(rank {os.environ.get('RANK') or os.environ.get('LOCAL_RANK')}) {message}"
-    print(f"error: {message}", file=sys.stderr, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    started = time.time()
-    from_command_line = argv is None
-    argv = list(sys.argv[1:] if from_command_line else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    argv = [a for a in argv if a != "--debug"]
-    if debug:
-        os.environ[DEBUG_ENV] = "1"  # DDP ranks re-run the command line without --debug
-    else:
-        quiet_lightning(short_warnings=from_command_line)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS and command not in TRAINER_COMMANDS:
-        print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
-        return 2
-    try:
-        if command in COMMANDS:
-            return importlib.import_module(COMMANDS[command]).main(rest)
-        return run_trainer(command, rest, from_command_line)
-    except Exception as error:
-        message = None if debug else user_error_message(error)
-        if message is None:
-            raise
-        print_error(message)
-        return 2

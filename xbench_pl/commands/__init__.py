@@ -1,0 +1,97 @@
+"""The command line: ``python -m xbench_pl COMMAND ...`` (or ``xbench COMMAND ...``).
+
+Every command is a module of this package with ``main(argv) -> int`` (``test`` and ``fit``
+share ``trainer``), imported only when called, so ``--help`` starts without Lightning. The
+library below never imports a command.
+
+Expected user errors end the command with one ``error: ...`` line and exit status 2
+(``errors.user_error_message``); ``--debug`` (or ``XBENCH_DEBUG=1``) shows the traceback instead.
+Any other exception shows its traceback. Lightning's info chatter (seed, device lines, tips, its
+own metric table) is off; the progress bar and warnings stay.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import time
+import warnings
+
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS
+
+DEBUG_ENV = "XBENCH_DEBUG"
+#: every command's module
+COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
+            "sweep": "sweep", "report": "report"}
+
+
+def usage() -> str:
+    width = max(len(c) for c in SUMMARIES)
+    lines = [f"usage: {PROG} COMMAND [options]      ({PROG} COMMAND --help: the command's options)", "",
+             "Zero-shot recognition and grounding benchmark of chest X-ray vision-language models.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
+    lines += ["", "options:", f"  {'--debug':<{width}}  show the traceback of an error (also {DEBUG_ENV}=1)",
+              f"  {'-h, --help':<{width}}  this message"]
+    return "\n".join(lines)
+
+
+def quiet_lightning(short_warnings: bool = True) -> None:
+    """Progress bar and warnings only: no seed line, device lines, tips or deprecation notes of Lightning's;
+    warnings as one ``warning: ...`` line (without the source line that raised them)."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch >= 2.10
+    warnings.filterwarnings("ignore", message=r".*does not have many workers")
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
+    if short_warnings:
+        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
+
+
+def is_rank_zero() -> bool:
+    return all(int(os.environ.get(v, "0") or 0) == 0 for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+def print_error(message: str) -> None:
+    """One ``error:`` line. A DDP rank > 0 stays silent when rank 0 (its parent, Lightning's launcher)
+    ends too, as it does for an error every rank hits; an error of its own is printed."""
+    if not is_rank_zero():
+        parent, deadline = os.getppid(), time.monotonic() + 3
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.1)
+        if os.getppid() != parent:
+            return
+        message = f"(rank {os.environ.get('RANK') or os.environ.get('LOCAL_RANK')}) {message}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if from_command_line else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # DDP ranks re-run the command line without --debug
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"{__name__}.{COMMANDS[command]}")
+        if not debug:  # after the import: importing Lightning sets its loggers' levels
+            quiet_lightning(short_warnings=from_command_line)
+        if command in TRAINER_COMMANDS:
+            return module.run_trainer(command, rest, from_command_line)
+        return module.main(rest)
+    except Exception as error:
+        from xbench_pl.commands.errors import user_error_message
+
+        message = None if debug else user_error_message(error)
+        if message is None:
+            raise
+        print_error(message)
+        return 2

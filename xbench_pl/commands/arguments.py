@@ -1,0 +1,31 @@
+"""What the command modules share: the program name, the commands' one-line summaries, argv option taking."""
+
+from __future__ import annotations
+
+PROG = "python -m xbench_pl"
+#: the Lightning Trainer verbs (``trainer.XBenchCLI`` subcommands)
+TRAINER_COMMANDS = ("test", "fit")
+#: one line per command for ``--help``
+SUMMARIES = {
+    "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
+    "fit": "fine-tune a model on a dataset's training split, validating every epoch with the benchmark's metrics",
+    "describe": "count a dataset's images, positives and regions per finding and list its input problems",
+    "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
+    "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
+    "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
+    "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
+}
+
+
+def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
+        if arg.startswith(flag + "="):
+            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
+def datamodule_problems(datamodule) -> dict[str, list]:
+    return {dm.name: list(dm.problems) for dm in datamodule.datamodules}

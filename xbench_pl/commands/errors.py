@@ -1,0 +1,101 @@
+"""One ``error: ...`` line for an expected user error (a bad option value, a missing file or folder,
+bad data, a checkpoint that does not fit), or None for an unexpected exception, which shows its
+traceback."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import traceback
+from argparse import ArgumentError
+
+from xbench_pl.commands.arguments import PROG, TRAINER_COMMANDS
+from xbench_pl.registry import UnknownName
+
+
+class UsageError(ValueError):
+    """A user error whose message is ready to print (an option, a file and what to do)."""
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from (or while handling), outermost first."""
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return seen
+
+
+def _own_errors() -> tuple[type, ...]:
+    from xbench_pl.data.errors import DataError
+    from xbench_pl.models.checkpoints import CheckpointError
+
+    return DataError, CheckpointError, UsageError, UnknownName
+
+
+def _option_of(error: BaseException) -> str:
+    """``--data`` or ``--model`` when ``error`` was raised while building a datamodule or a model."""
+    from xbench_pl.data.base import XBenchDataModule
+    from xbench_pl.models.base import ZeroShotModel
+
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and isinstance(owner, XBenchDataModule):
+            return "--data"
+        if frame.f_code.co_name == "__init__" and isinstance(owner, ZeroShotModel):
+            return "--model"
+    return ""
+
+
+def _last_line(message: str) -> str:
+    """A re-raised worker error carries the worker's traceback: its last line is the message."""
+    if "Traceback (most recent call last)" in message:
+        lines = [line for line in message.strip().splitlines() if line.strip()]
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1].strip())
+    return " ".join(message.split())
+
+
+def argument_message(error: ArgumentError) -> str:
+    """jsonargparse's nested parse error as one line: the option and the innermost complaint."""
+    text = str(error)
+    keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k not in TRAINER_COMMANDS]
+    innermost = _chain(error)[-1]
+    message = str(innermost).strip().splitlines()[0] if str(innermost).strip() else text.strip().splitlines()[0]
+    message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
+    message = re.sub(r"\b(?:test|fit)\.(\w)", r"--\1", message)  # "required: test.data" -> "--data"
+    class_path = re.search(r"Problem with given class_path '([\w.]+)'", text)
+    if class_path and isinstance(innermost, ImportError):
+        message = f"cannot import {class_path.group(1)}: {message}"
+    elif class_path and "is not accepted" in message:
+        keys.append(re.search(r"Option '([^']+)'", message).group(1))
+        message = f"not an option of {class_path.group(1)} (its options: {PROG} test --{keys[0]}.help {class_path.group(1)})"
+    message = re.sub(r"^Expected a (.+)\. Got value: (.*)$", r"expected a \1, got '\2'", message)
+    if message.startswith("unrecognized arguments"):
+        message += f" (see {PROG} test --help)"
+    option = "--" + ".".join(keys) if keys else ""
+    return f"{option}: {message}" if option else message
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The one line for an expected user error, or None for an unexpected exception."""
+    chain = _chain(error)
+    if any(isinstance(e, RuntimeError) and "remote worker crash" in str(e) for e in chain):
+        return "another DDP rank stopped (its error: above); this rank could not go on without it"
+    if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
+        return argument_message(error)
+    own = next((e for e in chain if isinstance(e, _own_errors())), None)
+    if own is None and any(isinstance(e, pickle.UnpicklingError) for e in chain):  # Lightning's torch.load of --ckpt_path
+        return ("--ckpt_path: the checkpoint holds more than tensors and plain data, so it is not loaded (weights_only); "
+                "for a file you trust only: --weights_only false")
+    loading = next((e for e in chain if isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")),
+                   None)
+    if own is None and loading is not None:  # Lightning's strict load of a --ckpt_path into --model
+        details = " ".join(line.strip() for line in str(loading).splitlines()[1:])
+        return f"--ckpt_path: the checkpoint does not fit --model: {details[:400]}{' ...' if len(details) > 400 else ''}"
+    if own is None:  # the innermost plain user error: jsonargparse wraps a class's own ValueError in its own
+        own = next((e for e in reversed(chain) if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError))), None)
+    if own is None:
+        return None
+    message = _last_line(own.args[0] if isinstance(own, KeyError) and own.args else str(own))
+    option = "" if isinstance(own, UsageError) else _option_of(own)
+    return f"{option}: {message}" if option else message
