@@ -5,7 +5,7 @@ Per model (random weights; FLOPs do not depend on them): the forward FLOPs of ``
 it; the query/text embeddings are cached first, as in a run, so they are not counted) and the measured CPU
 rate of ``zero_shot`` (batch ``--batch``, best of ``--repeats``). Then the CPU cost of the metrics per
 region pair on the 512² eval grid (``BenchmarkMetrics.update``: warp + every statistic, fused kernels) and
-per image without a region (recognition only). ``README.md`` (Speed) turns these into the time of the
+per image without a region (recognition only). ``docs/scale.md`` turns these into the time of the
 full seven-dataset benchmark.
 
     python benchmarks/bench_scale.py [--models clip kad_224 kad_512 kad_1024 devide medklip mavl carzero] [--batch 4]

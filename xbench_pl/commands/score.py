@@ -5,7 +5,7 @@ Recomputes ``metrics.json`` and ``metrics.md`` from a prediction store (written 
 decoded for the model (setup still reads each image's size, as ``test`` does). The stored native
 maps go through the benchmark's own warp to the eval grid and ``BenchmarkMetrics`` (``predictions.replay``),
 so from a float32 store the result equals the run that wrote it byte for byte (all but
-``provenance``); a float16 store changes the grounding numbers slightly (see the README).
+``provenance``); a float16 store changes the grounding numbers slightly (see docs/store.md).
 
 The dataset is the store's (its manifest's data config) unless ``--data`` names another
 config; ``--data.ARG V`` overrides one setting (``--data.root`` where the data moved,

@@ -183,7 +183,7 @@ class XBenchDataModule(L.LightningDataModule):
         classes: restrict/reorder the findings evaluated (canonical names).
         batch_size, num_workers: DataLoader settings.
         eval_size: side of the evaluation grid that uniformly covers each original image;
-            saliency and regions are compared there (default 512: see the README).
+            saliency and regions are compared there (default 512: see docs/architecture.md).
         on_error: ``"raise"`` (stop at the first bad input, naming file and row) or ``"skip"``
             (drop it, count it, report it in ``problems`` and in ``metrics.json``).
         preprocess: the model's input spec; taken from the model under test when not given.

@@ -95,7 +95,7 @@ class ZeroShotModel(L.LightningModule):
             on the eval grid (``neg_fp_rate``, ``neg_mass``; off by default: the paper's keys are unchanged).
         trainable: regexes (``re.search``) of the parameter names ``fit`` trains; every other parameter is
             frozen (``requires_grad=False``) and modules without a trained parameter stay in eval mode.
-            None: the family's ``TRAINABLE`` (see the README's fine-tuning section).
+            None: the family's ``TRAINABLE`` (see docs/fit.md).
         lr, weight_decay: AdamW's learning rate and weight decay for ``fit`` (no decay on biases, norms and
             scalars such as ``logit_scale``: parameters of fewer than 2 dimensions).
     """
