@@ -1,6 +1,6 @@
 """The benchmark's metrics inside a user's LightningModule: validation every epoch, reset between epochs.
 
-``FineTune`` is the README's example ("Fine-tuning with the benchmark's metrics"), verbatim: a
+``FineTune`` is the example of docs/fit.md ("Fine-tuning with the benchmark's metrics"), verbatim: a
 tiny trainable model fits on the synthetic demo for a few steps (one CPU process) and validates
 with ``BenchmarkMetrics``. The logged per-epoch values must be the benchmark's own (the same
 numbers ``test`` gives for the same weights) and must not accumulate across epochs.
@@ -35,7 +35,7 @@ class TinyModel(ZeroShotModel):
         return ZeroShotOutput(scores=torch.sigmoid(maps.mean((2, 3))), saliency=maps)
 
 
-# --- the README example ------------------------------------------------------------------------
+# --- the docs/fit.md example ------------------------------------------------------------------------
 class FineTune(L.LightningModule):
     def __init__(self, model, classes, lr=1e-2):
         super().__init__()
@@ -107,9 +107,9 @@ def test_validation_logs_the_benchmark_metrics_every_epoch_without_accumulating(
         assert epochs[-1][f"val/{key}"] == pytest.approx(model.results["demo"]["mean"][key], rel=1e-6, abs=1e-7), key
 
 
-def test_the_readme_shows_this_example_verbatim():
+def test_the_docs_show_this_example_verbatim():
     import inspect
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert inspect.getsource(FineTune) in readme
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "fit.md").read_text()
+    assert inspect.getsource(FineTune) in guide
