@@ -14,6 +14,7 @@ and writes ``OUT/checkpoints/last.ckpt`` (``test --ckpt_path`` loads it), ``OUT/
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,14 +23,19 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from xbench_pl.commands import is_rank_zero
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
-from xbench_pl.registry import config_path
+from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
+from xbench_pl.outputs import check_writable, write_results
+from xbench_pl.registry import config_path, resolve_class
 from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: ``--ckpt_path`` values that Lightning resolves itself (not a file)
+LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
 
@@ -57,6 +63,25 @@ def resolve_names(argv: list[str]) -> list[str]:
             out.append(arg)
         i += 1
     return out
+
+
+def class_configs(value) -> list:
+    """The ``class_path``/``init_args`` entries of a config value that may be one, a list of them, or a flag."""
+    return [v for v in (value if isinstance(value, list) else [value]) if hasattr(v, "class_path")]
+
+
+def output_folders(config) -> dict[str, str]:
+    """Every folder a ``test``/``fit`` run writes, by the option that names it: ``--out`` (callbacks default to
+    it), ``--predictions``, each logger's ``save_dir``/``dir`` and each callback's ``dirpath``."""
+    folders = {"--out": config.out}
+    if config.get("predictions"):
+        folders["--predictions"] = config.predictions
+    for kind, keys in (("logger", ("save_dir", "dir")), ("callbacks", ("dirpath",))):
+        for entry in class_configs(config.trainer.get(kind)):
+            for key in keys:
+                if (entry.get("init_args") or {}).get(key):
+                    folders[f"--trainer.{kind} {entry.class_path.rpartition('.')[2]}.{key}"] = entry.init_args[key]
+    return folders
 
 
 def report_config(settings: dict) -> dict:
@@ -93,6 +118,33 @@ class XBenchCLI(LightningCLI):
                             help="images of one dataset per shard and rank (a crash loses at most these)")
         # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
         parser.link_arguments("out", "trainer.default_root_dir")
+
+    def parse_arguments(self, parser, args) -> None:
+        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): W&B's directory
+        under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a readable checkpoint of
+        this ``--model``."""
+        super().parse_arguments(parser, args)
+        config = self.config[self.config["subcommand"]]
+        self.wandb_under_out(config)
+        if is_rank_zero():  # DDP ranks > 0 start after rank 0 checked (and would race its probe folders)
+            check_writable(output_folders(config))
+        if config.get("ckpt_path") and config.ckpt_path not in LIGHTNING_CKPT_NAMES:
+            try:
+                check_lightning_checkpoint(config.ckpt_path, config.model.class_path, config.weights_only)
+            except CheckpointError as error:
+                raise UsageError(f"--ckpt_path: {error}") from error
+
+    @staticmethod
+    def wandb_under_out(config) -> None:
+        """A ``WandbLogger`` without a ``save_dir`` (or ``dir``) writes under ``WANDB_DIR`` when set, else ``--out``
+        (Lightning's default is the working directory, where W&B ignores ``WANDB_DIR``)."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        for entry in class_configs(config.trainer.get("logger")):
+            init_args = entry.get("init_args")
+            if (issubclass(resolve_class(entry.class_path), WandbLogger) and init_args is not None
+                    and init_args.get("save_dir") in (None, ".") and not init_args.get("dir")):
+                init_args.save_dir = os.environ.get("WANDB_DIR") or config.out
 
     def before_test(self) -> None:
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
@@ -149,8 +201,7 @@ class XBenchCLI(LightningCLI):
             "config": report_config(settings),
             "provenance": provenance(self.trainer, self.started),
         }
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_results(out, {"fit.json": json.dumps(record, indent=2) + "\n"})
         if self.model.val_results:
             epoch = self.model.val_history[-1]["epoch"]
             print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
