@@ -273,8 +273,8 @@ def test_test_refuses_a_checkpoint_that_does_not_fit_or_needs_code(tmp_path, cap
     unsafe = tmp_path / "unsafe.ckpt"
     torch.save({"state_dict": {}, "extra": Executable()}, unsafe)
     assert main(["test", "--model", "center", "--data", "demo", "--ckpt_path", str(unsafe), "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"error: --ckpt_path: {unsafe} holds more than tensors and plain data, so it is "
-                                       "not loaded (weights_only); for a file you trust only: --weights_only false\n")
+    assert capsys.readouterr().err == (f"error: --ckpt_path: {unsafe} holds more than tensors and plain data (a pickled "
+                                       "object), so it is not loaded; nothing from the file was run\n")
 
 
 def fit_checkpoint(model, path):

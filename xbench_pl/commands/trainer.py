@@ -7,8 +7,12 @@ a YAML file; ``--model.ARG``/``--data.ARG`` override init args; ``--print_config
 and prints the per-dataset table. ``fit`` (same options, plus ``--data.val_fraction``,
 ``--data.split_seed``, ``--data.fit_split`` and ``--model.trainable``/``lr``/``weight_decay``)
 fine-tunes on the dataset's training split, validates every epoch with the benchmark's metrics,
-and writes ``OUT/checkpoints/last.ckpt`` (``test --ckpt_path`` loads it), ``OUT/split.csv`` and
-``OUT/fit.json``.
+and writes ``OUT/checkpoints/last.ckpt`` (the trained tensors and a fingerprint of the base weights:
+``test --ckpt_path`` with the same ``--model`` loads it), ``OUT/split.csv`` and ``OUT/fit.json``.
+
+Before any model or data is built, every folder the run writes is checked (``xbench_pl.outputs``;
+a ``WandbLogger`` writes under ``--out``, or ``WANDB_DIR`` when set) and a ``--ckpt_path`` is read:
+a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line.
 """
 
 from __future__ import annotations
@@ -130,7 +134,7 @@ class XBenchCLI(LightningCLI):
             check_writable(output_folders(config))
         if config.get("ckpt_path") and config.ckpt_path not in LIGHTNING_CKPT_NAMES:
             try:
-                check_lightning_checkpoint(config.ckpt_path, config.model.class_path, config.weights_only)
+                check_lightning_checkpoint(config.ckpt_path, config.model.class_path)
             except CheckpointError as error:
                 raise UsageError(f"--ckpt_path: {error}") from error
 
@@ -262,7 +266,8 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
     resolved = resolve_names(argv)
     # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table;
     # a --ckpt_path is read with torch.load(weights_only=True), tensors and plain data only (the project's
-    # stance on weights files; --weights_only false is the opt-in for a checkpoint you trust)
+    # stance on weights files; LightningCLI reads the file so before any option applies, so a pickled
+    # object is refused whatever --weights_only says)
     resolved = ["--weights_only", "true", *resolved]
     if command == "test":
         resolved = ["--verbose", "false", *resolved]

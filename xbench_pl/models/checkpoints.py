@@ -74,10 +74,10 @@ def fit_checkpoint_name(record: Mapping) -> str:
     return f"{record['name']} ({record['model']})" if record.get("name") else record["model"]
 
 
-def check_lightning_checkpoint(path: str | Path, model_class: str, weights_only: bool = True) -> None:
+def check_lightning_checkpoint(path: str | Path, model_class: str) -> None:
     """Raise a one-line ``CheckpointError`` unless ``path`` is a Lightning checkpoint that a ``model_class``
-    (dotted path) can load: a readable ``torch.save`` zip holding a ``state_dict`` and, when ``fit`` wrote
-    it, fitted on that class. Read memory-mapped (cheap), with ``weights_only`` as the load will be."""
+    (dotted path) can load: a readable ``torch.save`` zip of tensors and plain data holding a ``state_dict``
+    and, when ``fit`` wrote it, fitted on that class. Read memory-mapped (cheap)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
@@ -85,10 +85,10 @@ def check_lightning_checkpoint(path: str | Path, model_class: str, weights_only:
         raise CheckpointError(f"{path}: not a checkpoint written by torch.save (a truncated or damaged file, "
                               "or another kind of file)")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(f"{path} holds more than tensors and plain data, so it is not loaded (weights_only); "
-                              "for a file you trust only: --weights_only false") from error
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:  # LightningCLI reads the file with weights_only=True too
+        raise CheckpointError(f"{path} holds more than tensors and plain data (a pickled object), so it is not "
+                              "loaded; nothing from the file was run") from error
     except Exception as error:  # noqa: BLE001  (any other failure to read is a damaged file)
         raise CheckpointError(f"{path}: cannot read the checkpoint ({_last_words(error)}): a truncated or damaged file?") from error
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
