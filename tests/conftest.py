@@ -6,11 +6,30 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def tree_entries() -> set[str]:
+    """The files of the working tree that git does not track (untracked or ignored), bytecode and pytest's
+    cache aside; empty outside a git checkout."""
+    listing = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "-z"],
+                             cwd=REPO, capture_output=True, text=True)
+    entries = {e[3:] for e in listing.stdout.split("\0") if e[:2] in ("??", "!!")} if listing.returncode == 0 else set()
+    return {e for e in entries if "__pycache__/" not in e and not e.startswith(".pytest_cache/")}
+
+
+@pytest.fixture(autouse=True)
+def writes_nothing_into_the_tree():
+    """Tests write under tmp_path only: a file a test leaves in the working tree fails it."""
+    before = tree_entries()
+    yield
+    if new := sorted(tree_entries() - before):
+        pytest.fail(f"the test wrote into the working tree: {new[:5]} (write under tmp_path)", pytrace=False)
 
 
 def find_real_cxr() -> tuple[Path | None, list[Path]]:

@@ -109,8 +109,7 @@ def runs(tmp_path_factory):
         "plain": cli(*common, "--out", str(tmp / "plain")),
         "png": cli(*common, *png, "--out", str(tmp / "png")),
         "png_ddp": cli(*common, *png, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp / "png_ddp")),
-        "wandb": cli(*common, "--config", "callbacks/wandb.yaml", "--trainer.logger.init_args.save_dir", str(tmp / "wandb"),
-                     "--out", str(tmp / "wandb")),
+        "wandb": cli(*common, "--config", "callbacks/wandb.yaml", "--out", str(tmp / "wandb")),  # W&B's run under --out
     }
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"

@@ -30,6 +30,7 @@ from xbench_pl.data.base import Record
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.nih_bbox import DemoDataModule, NIHBoxDataModule
 from xbench_pl.data.synthetic import ensure_demo
+from xbench_pl.models.checkpoints import CheckpointError
 from xbench_pl.models.kad import KAD
 from xbench_pl.models.open_clip_model import OpenCLIPModel
 
@@ -52,6 +53,16 @@ def clip_config(tmp_path_factory) -> str:
 def tiny_clip(config: str, **kwargs) -> OpenCLIPModel:
     torch.manual_seed(0)
     return OpenCLIPModel(config, random_init=True, bootstrap=0, **kwargs)
+
+
+def load_fit_checkpoint(model, path) -> dict:
+    """As ``test --ckpt_path`` restores a model (read as test reads it: tensors and plain data only): the
+    ``on_load_checkpoint`` hook, then a strict load. Returns the checkpoint as stored."""
+    stored = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = {**stored}
+    model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(checkpoint["state_dict"])
+    return stored
 
 
 def judged(model, loader) -> dict:
@@ -217,9 +228,14 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
                  "--out", str(tmp_path / "test")]) == 0
     report = json.loads((tmp_path / "test" / "metrics.json").read_text())
     assert report["config"]["ckpt_path"] == str(checkpoint)
-    # testing the fitted weights directly (read as test reads them: tensors and plain data only)
+    # the checkpoint holds the trained tensors only (and a fingerprint of the base weights): a few times their bytes
     fitted = tiny_clip(clip_config)
-    fitted.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+    stored = load_fit_checkpoint(fitted, checkpoint)
+    assert sorted(stored["state_dict"]) == sorted(record["trained_parameters"])
+    trained_bytes = sum(p.numel() * p.element_size() for n, p in fitted.named_parameters() if n in stored["state_dict"])
+    all_bytes = sum(v.numel() * v.element_size() for v in fitted.state_dict().values())
+    assert checkpoint.stat().st_size < 3 * trained_bytes + 32_000 < all_bytes / 100, (checkpoint.stat().st_size, trained_bytes)
+    # testing the fitted weights directly
     dm = DemoDataModule(batch_size=4, preprocess=fitted.preprocess)
     dm.setup("test")
     assert report["datasets"]["demo"]["mean"] == judged(fitted, dm.test_dataloader())
@@ -231,14 +247,15 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
     assert {k: record["validation"][-1]["mean"]["demo"][k] for k in last} == last
 
 
-def test_fit_usage_errors_are_one_line(clip_config, capsys):
-    base = ["fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true"]
+def test_fit_usage_errors_are_one_line(clip_config, capsys, tmp_path):
+    out = ["--out", str(tmp_path)]  # the datamodule writes the split before the model says it has nothing to fit
+    base = ["fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true", *out]
     assert main([*base, "--data", "pooled", "--data.datasets", '["demo", "demo_dicom"]']) == 2
     assert capsys.readouterr().err == ("error: --data: fit trains on one dataset; pooled pools ['demo', 'demo_dicom'] "
                                        "(fit on each with --data NAME)\n")
     assert main([*base, "--data", "demo", "--data.val_fraction", "1.5"]) == 2
     assert capsys.readouterr().err == "error: --data: val_fraction must be between 0 and 1, got 1.5\n"
-    assert main(["fit", "--model", "center", "--data", "demo", "--trainer.accelerator", "cpu"]) == 2
+    assert main(["fit", "--model", "center", "--data", "demo", "--trainer.accelerator", "cpu", *out]) == 2
     assert capsys.readouterr().err == "error: CenterBaseline has nothing to fit: trainable [] matches none of its 0 parameters\n"
 
 
@@ -256,8 +273,73 @@ def test_test_refuses_a_checkpoint_that_does_not_fit_or_needs_code(tmp_path, cap
     unsafe = tmp_path / "unsafe.ckpt"
     torch.save({"state_dict": {}, "extra": Executable()}, unsafe)
     assert main(["test", "--model", "center", "--data", "demo", "--ckpt_path", str(unsafe), "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == ("error: --ckpt_path: the checkpoint holds more than tensors and plain data, so it is "
-                                       "not loaded (weights_only); for a file you trust only: --weights_only false\n")
+    assert capsys.readouterr().err == (f"error: --ckpt_path: {unsafe} holds more than tensors and plain data (a pickled "
+                                       "object), so it is not loaded; nothing from the file was run\n")
+
+
+def fit_checkpoint(model, path):
+    """What ``fit`` saves for ``model`` (Lightning's checkpoint with the model's ``on_save_checkpoint``), without fitting."""
+    model.select_trainable()
+    checkpoint = {"state_dict": model.state_dict(), "pytorch-lightning_version": L.__version__}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["test", "fit"])
+def test_a_damaged_or_foreign_ckpt_path_is_one_line_before_any_model_is_built(clip_config, tmp_path, capsys, command):
+    saved = fit_checkpoint(tiny_clip(clip_config), tmp_path / "clip_fit.ckpt")
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    weights = tmp_path / "weights.pt"  # a model's own weights, not a Lightning checkpoint
+    torch.save(tiny_clip(clip_config).model.state_dict(), weights)
+    # --model.checkpoint of a model that would fail to build: the checkpoint is judged first
+    base = [command, "--model", "open_clip", "--model.checkpoint", str(tmp_path / "absent.pt"), "--data", "demo",
+            "--out", str(tmp_path / "out")]
+    expected = {
+        truncated: f"{truncated}: not a checkpoint written by torch.save (a truncated or damaged file, or another kind of file)",
+        text: f"{text}: not a checkpoint written by torch.save (a truncated or damaged file, or another kind of file)",
+        weights: f"{weights} is not a Lightning checkpoint (no state_dict; it holds ['ln_final.bias', 'ln_final.weight', "
+                 "'logit_scale', 'positional_embedding', 'text_projection', 'token_embedding.weight']): a model's own weights go to --model.checkpoint",
+    }
+    for path, message in expected.items():
+        assert main([*base, "--ckpt_path", str(path)]) == 2
+        assert capsys.readouterr().err == f"error: --ckpt_path: {message}\n"
+    assert main([command, "--model", "center", "--data", "demo", "--ckpt_path", str(saved), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --ckpt_path: {saved} is a `fit` checkpoint of xbench_pl.models.open_clip_model.OpenCLIPModel, not of --model "
+        "xbench_pl.models.baselines.CenterBaseline: test it with the --model options fit had (its fit.json records them)\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fit_checkpoint_given_as_model_weights_says_which_option_takes_it(clip_config, tmp_path, capsys):
+    saved = fit_checkpoint(tiny_clip(clip_config), tmp_path / "clip_fit.ckpt")
+    assert main(["test", "--model", "open_clip", "--model.architecture", clip_config, "--model.checkpoint", str(saved),
+                 "--data", "demo", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --model: {saved} is a `fit` checkpoint of xbench_pl.models.open_clip_model.OpenCLIPModel (its trained "
+        "tensors only): pass it as --ckpt_path, with the --model options fit had\n")
+
+
+def test_a_fit_checkpoint_keeps_the_trained_tensors_and_needs_its_base_weights(clip_config, tmp_path):
+    fitted = tiny_clip(clip_config)
+    fitted.select_trainable()
+    with torch.no_grad():
+        fitted.model.text_projection.add_(1.0)  # as if trained
+    saved = fit_checkpoint(fitted, tmp_path / "clip_fit.ckpt")
+    stored = torch.load(saved, weights_only=True)
+    assert sorted(stored["state_dict"]) == ["model.logit_scale", "model.text_projection"]  # OpenCLIPModel.TRAINABLE
+    again = tiny_clip(clip_config)
+    load_fit_checkpoint(again, saved)
+    assert all(torch.equal(value, fitted.state_dict()[name]) for name, value in again.state_dict().items())
+    other = tiny_clip(clip_config)
+    with torch.no_grad():
+        other.model.visual.conv1.weight.add_(1e-3)  # other base weights: a frozen tensor differs
+    with pytest.raises(CheckpointError, match=r"^--ckpt_path: the checkpoint was fitted on xbench_pl\.models\.open_clip_model\."
+                                             r"OpenCLIPModel with other base weights than this OpenCLIPModel has: test it"):
+        load_fit_checkpoint(other, saved)
 
 
 def test_ddp_fit_validates_exactly_and_its_checkpoint_tests_in_one_process(clip_config, tmp_path):
@@ -272,7 +354,7 @@ def test_ddp_fit_validates_exactly_and_its_checkpoint_tests_in_one_process(clip_
     record = json.loads((tmp_path / "fit.json").read_text())
     assert record["provenance"]["world_size"] == 2
     fitted = tiny_clip(clip_config)
-    fitted.load_state_dict(torch.load(record["checkpoint"], map_location="cpu", weights_only=True)["state_dict"])
+    load_fit_checkpoint(fitted, record["checkpoint"])
     one = DemoDataModule(batch_size=1, preprocess=fitted.preprocess, val_fraction=0.25)
     one.split_out = tmp_path / "one_process_split.csv"
     one.setup("fit")

@@ -35,6 +35,7 @@ from types import SimpleNamespace
 
 import torch
 
+from xbench_pl.outputs import write_results
 
 def _cell(value) -> str:
     if value is None:
@@ -161,11 +162,7 @@ def build_report(model: str, results: dict[str, dict], problems: dict[str, list]
 
 
 def write_report(report: dict, out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "metrics.md").write_text(render_markdown(report))
-    return out
+    return write_results(out_dir, {"metrics.json": json.dumps(report, indent=2) + "\n", "metrics.md": render_markdown(report)})
 
 
 def publish_report(report: dict, out_dir: str | Path) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import torch
 
@@ -28,6 +27,7 @@ from xbench_pl.data.errors import DataError
 from xbench_pl.metrics.benchmark import interval
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.commands.score import UsageProblem, open_store
+from xbench_pl.outputs import check_writable, write_results
 from xbench_pl.predictions import Store, StoreError, model_name, replay_store
 
 USAGE = f"usage: {PROG} compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --bootstrap must be a positive number of resamples and --seed an integer, got "
               f"{options['--bootstrap']!r} and {options['--seed']!r}", file=sys.stderr)
         return 2
+    check_writable({"--out": options["--out"]})
     try:
         run_a = open_store(folders[0], rest)
         store_b = Store(folders[1])
@@ -139,10 +140,8 @@ def main(argv: list[str] | None = None) -> int:
               "p_value": "two-sided bootstrap: min(1, 2 min((1 + #{d <= 0}) / (1 + R), (1 + #{d >= 0}) / (1 + R))) "
                          "over the R replicates with a defined difference d = A - B",
               "datasets": datasets}
-    out = Path(options["--out"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "compare.md").write_text(render_markdown(report))
+    out = write_results(options["--out"], {"compare.json": json.dumps(report, indent=1) + "\n",
+                                           "compare.md": render_markdown(report)})
     print(render_markdown(report))
     print(f"wrote {out / 'compare.json'} and {out / 'compare.md'}")
     return 0

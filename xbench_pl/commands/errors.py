@@ -4,7 +4,6 @@ traceback."""
 
 from __future__ import annotations
 
-import pickle
 import re
 import traceback
 from argparse import ArgumentError
@@ -29,8 +28,9 @@ def _chain(error: BaseException) -> list[BaseException]:
 def _own_errors() -> tuple[type, ...]:
     from xbench_pl.data.errors import DataError
     from xbench_pl.models.checkpoints import CheckpointError
+    from xbench_pl.outputs import OutputError
 
-    return DataError, CheckpointError, UsageError, UnknownName
+    return DataError, CheckpointError, OutputError, UsageError, UnknownName
 
 
 def _option_of(error: BaseException) -> str:
@@ -84,9 +84,6 @@ def user_error_message(error: BaseException) -> str | None:
     if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
         return argument_message(error)
     own = next((e for e in chain if isinstance(e, _own_errors())), None)
-    if own is None and any(isinstance(e, pickle.UnpicklingError) for e in chain):  # Lightning's torch.load of --ckpt_path
-        return ("--ckpt_path: the checkpoint holds more than tensors and plain data, so it is not loaded (weights_only); "
-                "for a file you trust only: --weights_only false")
     loading = next((e for e in chain if isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")),
                    None)
     if own is None and loading is not None:  # Lightning's strict load of a --ckpt_path into --model

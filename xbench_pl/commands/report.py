@@ -30,6 +30,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from xbench_pl.outputs import check_writable
+
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
 SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
@@ -336,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, json.JSONDecodeError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    check_writable({"--out": args.out})
     out = Path(args.out)
     fit = build(runs, out)
     r2 = r2_text(fit["r2"])

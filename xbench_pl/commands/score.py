@@ -34,6 +34,7 @@ from xbench_pl.commands.arguments import PROG, datamodule_problems, take_option
 from xbench_pl.data.errors import DataError
 from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
 from xbench_pl.geometry import Preprocess
+from xbench_pl.outputs import check_writable
 from xbench_pl.predictions import Store, StoreError, compute_tables, metrics_replayer, model_name, rescore
 from xbench_pl.registry import read_config, resolve_class
 from xbench_pl.report import publish_scores
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as error:  # the datamodule's arguments
         print(f"error: {error}", file=sys.stderr)
         return 1
+    check_writable({"--out": run.args.out})
     try:
         results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk)
     except (DataError, StoreError) as error:
@@ -177,6 +179,7 @@ def score_maps(argv: list[str]) -> int:
     parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for ci (0 = off)")
     args = parser.parse_args(rest)
+    check_writable({"--out": args.out})
     chosen = args.data.as_dict()
     metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
     try:

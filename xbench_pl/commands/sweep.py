@@ -41,6 +41,8 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentParser
 
+from xbench_pl.outputs import check_writable
+
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 METHODS = ("grid", "random")
 
@@ -290,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             print(shlex.join(run.command))
         return 0
+    check_writable({"--out": out})
     metric = (sweep.get("metric") or {}).get("name")
     for i, run in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {run.run_id} {json.dumps(run.params, default=str)}", flush=True)

@@ -7,13 +7,18 @@ a YAML file; ``--model.ARG``/``--data.ARG`` override init args; ``--print_config
 and prints the per-dataset table. ``fit`` (same options, plus ``--data.val_fraction``,
 ``--data.split_seed``, ``--data.fit_split`` and ``--model.trainable``/``lr``/``weight_decay``)
 fine-tunes on the dataset's training split, validates every epoch with the benchmark's metrics,
-and writes ``OUT/checkpoints/last.ckpt`` (``test --ckpt_path`` loads it), ``OUT/split.csv`` and
-``OUT/fit.json``.
+and writes ``OUT/checkpoints/last.ckpt`` (the trained tensors and a fingerprint of the base weights:
+``test --ckpt_path`` with the same ``--model`` loads it), ``OUT/split.csv`` and ``OUT/fit.json``.
+
+Before any model or data is built, every folder the run writes is checked (``xbench_pl.outputs``;
+a ``WandbLogger`` writes under ``--out``, or ``WANDB_DIR`` when set) and a ``--ckpt_path`` is read:
+a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,14 +27,19 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from xbench_pl.commands import is_rank_zero
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
-from xbench_pl.registry import config_path
+from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
+from xbench_pl.outputs import check_writable, write_results
+from xbench_pl.registry import config_path, resolve_class
 from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: ``--ckpt_path`` values that Lightning resolves itself (not a file)
+LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
 
@@ -57,6 +67,25 @@ def resolve_names(argv: list[str]) -> list[str]:
             out.append(arg)
         i += 1
     return out
+
+
+def class_configs(value) -> list:
+    """The ``class_path``/``init_args`` entries of a config value that may be one, a list of them, or a flag."""
+    return [v for v in (value if isinstance(value, list) else [value]) if hasattr(v, "class_path")]
+
+
+def output_folders(config) -> dict[str, str]:
+    """Every folder a ``test``/``fit`` run writes, by the option that names it: ``--out`` (callbacks default to
+    it), ``--predictions``, each logger's ``save_dir``/``dir`` and each callback's ``dirpath``."""
+    folders = {"--out": config.out}
+    if config.get("predictions"):
+        folders["--predictions"] = config.predictions
+    for kind, keys in (("logger", ("save_dir", "dir")), ("callbacks", ("dirpath",))):
+        for entry in class_configs(config.trainer.get(kind)):
+            for key in keys:
+                if (entry.get("init_args") or {}).get(key):
+                    folders[f"--trainer.{kind} {entry.class_path.rpartition('.')[2]}.{key}"] = entry.init_args[key]
+    return folders
 
 
 def report_config(settings: dict) -> dict:
@@ -93,6 +122,33 @@ class XBenchCLI(LightningCLI):
                             help="images of one dataset per shard and rank (a crash loses at most these)")
         # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
         parser.link_arguments("out", "trainer.default_root_dir")
+
+    def parse_arguments(self, parser, args) -> None:
+        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): W&B's directory
+        under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a readable checkpoint of
+        this ``--model``."""
+        super().parse_arguments(parser, args)
+        config = self.config[self.config["subcommand"]]
+        self.wandb_under_out(config)
+        if is_rank_zero():  # DDP ranks > 0 start after rank 0 checked (and would race its probe folders)
+            check_writable(output_folders(config))
+        if config.get("ckpt_path") and config.ckpt_path not in LIGHTNING_CKPT_NAMES:
+            try:
+                check_lightning_checkpoint(config.ckpt_path, config.model.class_path)
+            except CheckpointError as error:
+                raise UsageError(f"--ckpt_path: {error}") from error
+
+    @staticmethod
+    def wandb_under_out(config) -> None:
+        """A ``WandbLogger`` without a ``save_dir`` (or ``dir``) writes under ``WANDB_DIR`` when set, else ``--out``
+        (Lightning's default is the working directory, where W&B ignores ``WANDB_DIR``)."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        for entry in class_configs(config.trainer.get("logger")):
+            init_args = entry.get("init_args")
+            if (issubclass(resolve_class(entry.class_path), WandbLogger) and init_args is not None
+                    and init_args.get("save_dir") in (None, ".") and not init_args.get("dir")):
+                init_args.save_dir = os.environ.get("WANDB_DIR") or config.out
 
     def before_test(self) -> None:
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
@@ -149,8 +205,7 @@ class XBenchCLI(LightningCLI):
             "config": report_config(settings),
             "provenance": provenance(self.trainer, self.started),
         }
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_results(out, {"fit.json": json.dumps(record, indent=2) + "\n"})
         if self.model.val_results:
             epoch = self.model.val_history[-1]["epoch"]
             print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
@@ -211,7 +266,8 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
     resolved = resolve_names(argv)
     # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table;
     # a --ckpt_path is read with torch.load(weights_only=True), tensors and plain data only (the project's
-    # stance on weights files; --weights_only false is the opt-in for a checkpoint you trust)
+    # stance on weights files; LightningCLI reads the file so before any option applies, so a pickled
+    # object is refused whatever --weights_only says)
     resolved = ["--weights_only", "true", *resolved]
     if command == "test":
         resolved = ["--verbose", "false", *resolved]

@@ -8,7 +8,9 @@ returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never 
 Fine-tuning (``python -m xbench_pl fit``) is shared too: ``training_step`` (binary cross-entropy of
 the model's logits against the labels), ``validation_step`` (``test_step``'s own path into separate
 metrics, computed, logged and reset every epoch) and ``configure_optimizers`` (AdamW over the
-parameters that ``trainable``, else the family's ``TRAINABLE``, selects; the rest is frozen).
+parameters that ``trainable``, else the family's ``TRAINABLE``, selects; the rest is frozen). A
+checkpoint keeps only what fit changes, with a fingerprint of the frozen base weights that the
+model's own options rebuild (``on_save_checkpoint``, ``on_load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import read_tuned_thresholds
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
 from xbench_pl.metrics.resampling import image_key, unit_key
+from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, class_path, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
 
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
@@ -321,6 +324,31 @@ class ZeroShotModel(L.LightningModule):
             raise ValueError(f"trainable: {len(idle)} selected parameter(s) get no gradient through zero_shot (first: "
                              f"{', '.join(idle[:3])}); the query decoders embed their texts without gradients and cache "
                              "them (KAD, DeViDe and CARZero text towers): leave those out of --model.trainable")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Keep only what fit changes: the trained parameters and the buffers outside frozen modules. The rest,
+        the base weights the model's options (its ``checkpoint``, architecture ...) build, is recorded in
+        ``FIT_RECORD`` by class, name and fingerprint: ``on_load_checkpoint`` puts it back."""
+        frozen = tuple(f"{name}." for name in self.frozen_modules)
+        changed = ({name for name, p in self.named_parameters() if p.requires_grad}
+                   | {name for name, _ in self.named_buffers() if not name.startswith(frozen)})
+        state = checkpoint["state_dict"]
+        checkpoint[FIT_RECORD] = {"model": class_path(self), "name": getattr(self, "model_name", None),
+                                  "base_weights": weights_fingerprint({k: v for k, v in state.items() if k not in changed})}
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if k in changed}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A ``fit`` checkpoint's trained tensors over this model's own base weights, which must be those it
+        was fitted on (a checkpoint without ``FIT_RECORD`` holds every tensor and loads as it is)."""
+        record = checkpoint.get(FIT_RECORD)
+        if record is None:
+            return
+        base = {k: v for k, v in self.state_dict().items() if k not in checkpoint["state_dict"]}
+        if record["model"] != class_path(self) or record["base_weights"] != weights_fingerprint(base):
+            raise CheckpointError(f"--ckpt_path: the checkpoint was fitted on {fit_checkpoint_name(record)} with other "
+                                  f"base weights than this {type(self).__name__} has: test it with the --model options "
+                                  "fit had (its fit.json records them)")
+        checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trained = [p for p in self.parameters() if p.requires_grad]

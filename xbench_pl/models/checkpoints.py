@@ -31,6 +31,7 @@ references beyond the allowed ones. ``trust=True`` (a model's ``trust_checkpoint
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
 import pickle
 import re
@@ -48,6 +49,60 @@ OPENAI_JIT_EXTRAS = ("input_resolution", "context_length", "vocab_size")
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or does not fit the architecture."""
+
+
+#: a ``fit`` checkpoint's record of its base weights, beside the trained tensors (``ZeroShotModel.on_save_checkpoint``)
+FIT_RECORD = "xbench_fit"
+
+
+def class_path(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 of the names, dtypes, shapes and bytes of ``state``: equal only for the same weights."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def fit_checkpoint_name(record: Mapping) -> str:
+    """``clip (xbench_pl.models.open_clip_model.OpenCLIPModel)``: the model a ``fit`` checkpoint was fitted on."""
+    return f"{record['name']} ({record['model']})" if record.get("name") else record["model"]
+
+
+def check_lightning_checkpoint(path: str | Path, model_class: str) -> None:
+    """Raise a one-line ``CheckpointError`` unless ``path`` is a Lightning checkpoint that a ``model_class``
+    (dotted path) can load: a readable ``torch.save`` zip of tensors and plain data holding a ``state_dict``
+    and, when ``fit`` wrote it, fitted on that class. Read memory-mapped (cheap)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a checkpoint written by torch.save (a truncated or damaged file, "
+                              "or another kind of file)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:  # LightningCLI reads the file with weights_only=True too
+        raise CheckpointError(f"{path} holds more than tensors and plain data (a pickled object), so it is not "
+                              "loaded; nothing from the file was run") from error
+    except Exception as error:  # noqa: BLE001  (any other failure to read is a damaged file)
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({_last_words(error)}): a truncated or damaged file?") from error
+    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
+        entries = sorted(map(str, checkpoint))[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+        raise CheckpointError(f"{path} is not a Lightning checkpoint (no state_dict; it holds {entries}): a model's own "
+                              "weights go to --model.checkpoint")
+    record = checkpoint.get(FIT_RECORD)
+    if record is not None and record["model"] != model_class:
+        raise CheckpointError(f"{path} is a `fit` checkpoint of {fit_checkpoint_name(record)}, not of --model "
+                              f"{model_class}: test it with the --model options fit had (its fit.json records them)")
+
+
+def _last_words(error: BaseException) -> str:
+    return " ".join(str(error).split())[:160] or type(error).__name__
 
 
 def is_torchscript(path: Path) -> bool:
@@ -147,7 +202,11 @@ def read_checkpoint(path: Path, trust: bool = False, safe_globals: Iterable[str]
             state = read_torchscript(path)
             return {k: v for k, v in state.items() if k not in OPENAI_JIT_EXTRAS}
         with torch.serialization.safe_globals(_allowed_globals(safe_globals)):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(checkpoint, Mapping) and FIT_RECORD in checkpoint:
+            raise CheckpointError(f"{path} is a `fit` checkpoint of {fit_checkpoint_name(checkpoint[FIT_RECORD])} (its "
+                                  "trained tensors only): pass it as --ckpt_path, with the --model options fit had")
+        return checkpoint
     except CheckpointError:
         raise
     except Exception as error:
