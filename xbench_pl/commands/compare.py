@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(f"{USAGE}\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
         return 0
-    if "--predictions" not in argv or len(argv) < argv.index("--predictions") + 3:
+    stores = argv[argv.index("--predictions") + 1:][:2] if "--predictions" in argv else []
+    if len(stores) < 2 or any(s.startswith("-") for s in stores):
         print("error: --predictions A B is required: two stores written by "
               f"{PROG} test ... --predictions DIR on the same data", file=sys.stderr)
         return 2

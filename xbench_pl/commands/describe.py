@@ -24,6 +24,7 @@ from jsonargparse import ArgumentParser
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.commands.arguments import take_option
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.registry import available, read_config
 
 
@@ -55,7 +56,7 @@ def format_summary(name: str, summary: dict) -> str:
 
 def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
     parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1],
-                            exit_on_error=False)  # python -m xbench_pl prints the one-line error
+                            **PARSER_KWARGS)
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults({f"data.{k}": v for k, v in {"on_error": "skip", **defaults}.items()})

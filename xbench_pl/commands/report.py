@@ -30,6 +30,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands.parsing import PARSER_KWARGS
+
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
 SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
@@ -323,7 +325,7 @@ def build(runs: list[Run], out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("runs", type=str, nargs="+", help="run folders (test --out) or sweep folders (sweep --out)")
     parser.add_argument("--out", type=str, default="report", help="folder for report.md, report.html and figures/")
     try:

@@ -29,11 +29,15 @@ from types import SimpleNamespace
 from typing import Optional
 
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import ClosedUnitInterval
 
 from xbench_pl.commands.arguments import PROG, datamodule_problems, take_option
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError
 from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
 from xbench_pl.geometry import Preprocess
+from xbench_pl.metrics.functional import NormalizeMode
+from xbench_pl.options import GridThreshold
 from xbench_pl.predictions import Store, StoreError, compute_tables, metrics_replayer, model_name, rescore
 from xbench_pl.registry import read_config, resolve_class
 from xbench_pl.report import publish_scores
@@ -65,11 +69,11 @@ finding are counted there too. A map that cannot be read, is not 2-D or holds Na
 naming its file (exit 1); so is an image whose maps differ in size (score them as separate runs).
 """
 
-METRIC_OPTIONS = {"normalize": str, "fixed_threshold": float, "score_threshold": float}
+METRIC_OPTIONS = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
 
 
 def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
-    parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.set_defaults({f"data.{k}": v for k, v in data_defaults.items() if k != "preprocess"})
     parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")

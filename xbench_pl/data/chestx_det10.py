@@ -27,12 +27,15 @@ entries are equal, else an error. Boxes reaching outside the image are clipped a
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
-SPLITS = ("test", "train")
+Split = Literal["test", "train"]
+SPLITS = get_args(Split)
 
 
 class ChestXDet10DataModule(XBenchDataModule):
@@ -49,7 +52,7 @@ class ChestXDet10DataModule(XBenchDataModule):
     default_classes = dataset_classes("chestx_det10")
     fit_official_split = "train"
 
-    def __init__(self, root: str | None = None, split: str = "test", image_dir: str | None = None, **kwargs):
+    def __init__(self, root: str | None = None, split: Split = "test", image_dir: str | None = None, **kwargs):
         super().__init__(root=root, **kwargs)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

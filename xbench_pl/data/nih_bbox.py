@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from jsonargparse.typing import NonNegativeInt
 
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
@@ -81,7 +82,7 @@ class NIHBoxDataModule(XBenchDataModule):
     default_classes = NIH_BOX_CLASSES
     fit_test_list = "test_list.txt"
 
-    def __init__(self, root: str | None = None, negatives: int = 0, seed: int = 0, **kwargs):
+    def __init__(self, root: str | None = None, negatives: NonNegativeInt = 0, seed: int = 0, **kwargs):
         super().__init__(root=root, **kwargs)
         if negatives < 0:
             raise ValueError(f"negatives must be >= 0, got {negatives}")

@@ -124,8 +124,10 @@ class SIIMPneumothoraxDataModule(XBenchDataModule):
 
 
 class DemoDicomDataModule(SIIMPneumothoraxDataModule):
-    """The synthetic demo in SIIM format: 6 generated 512² JPEG-Baseline DICOMs read by the SIIM
-    reader, 3 with pneumothorax (one bilateral: two RLE rows) and 3 negatives. Not patient data.
+    """The synthetic demo in SIIM format (not patient data).
+
+    6 generated 512² JPEG-Baseline DICOMs read by the SIIM reader, 3 with pneumothorax (one
+    bilateral: two RLE rows) and 3 negatives.
 
     Args:
         root: the demo folder; generated there on first use if missing or empty
