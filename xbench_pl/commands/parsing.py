@@ -3,15 +3,9 @@ dispatcher does not, so ``python -m xbench_pl --help`` starts without jsonargpar
 
 from __future__ import annotations
 
-import re
-
 from jsonargparse import DefaultHelpFormatter
 
-
-def plain(text: str) -> str:
-    """Docstring text as help shows it: without reStructuredText markup (````x````, ``:class:`~a.B```)."""
-    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text)
-    return text.replace("``", "")
+from xbench_pl.commands.arguments import plain
 
 
 class PlainHelpFormatter(DefaultHelpFormatter):
