@@ -271,6 +271,15 @@ class XBenchDataModule(L.LightningDataModule):
     def load_records(self) -> list[Record]:
         raise NotImplementedError
 
+    def checked_root(self, layout: str) -> Path:
+        """``root``, or a ``DataError`` naming ``--data.root`` when it is not set or is no folder; ``layout``
+        says what the folder holds (the dataset as it unpacks)."""
+        if self.root is None:
+            raise DataError("--data.root", f"{self.name} root not set: give the folder holding {layout}")
+        if not self.root.is_dir():
+            raise DataError("--data.root", f"{self.root}: no such folder (give {self.name}'s folder, holding {layout})")
+        return self.root
+
     # -- bad input ---------------------------------------------------------------------------
     def report(self, error: DataError) -> None:
         """Raise, or (``on_error='skip'``) count the problem and go on.

@@ -31,7 +31,7 @@ from typing import Literal, get_args
 
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.errors import DataError
+from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 Split = Literal["test", "train"]
@@ -59,8 +59,7 @@ class ChestXDet10DataModule(XBenchDataModule):
         self.split, self.image_dir = split, image_dir
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError(f"{self.split}.json", "ChestX-Det10 root not set (--data.root)")
+        self.checked_root("test.json, train.json and the PNG images")
         path = self.root / f"{self.split}.json"
         entries = read_json(path, list)
         image_folder = self.root / self.image_dir if self.image_dir else self.root
@@ -88,7 +87,7 @@ class ChestXDet10DataModule(XBenchDataModule):
                 try:
                     box = parse_box(box, "xyxy_inclusive")
                 except (ValueError, TypeError) as error:
-                    self.report(DataError(path, f"{finding} box {index}: {error}; box dropped, label kept", row=row))
+                    self.report(DataError(path, f"{finding} box {index}: {error} ({UNUSABLE_BOX})", row=row))
                     continue
                 record.add_region(finding, box, path, row)
         return list(records.values())

@@ -86,8 +86,7 @@ class CheXlocalizeDataModule(XBenchDataModule):
         self.split, self.regions = split, regions
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError("CheXlocalize", "CheXlocalize root not set (--data.root)")
+        self.checked_root("the label CSVs and gt_segmentations_*.json / gt_annotations_*.json, with the CheXpert images")
         records = self.read_labels(find_one(self.root, LABEL_FILES[self.split]))
         path = find_one(self.root, (REGION_FILES[self.regions].format(split=self.split),))
         read = self.read_segmentation if self.regions == "segmentations" else self.read_annotation

@@ -63,8 +63,7 @@ class COVIDRuralDataModule(XBenchDataModule):
         self.regions = regions
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError("covid_rural", "COVID-19 Rural root not set (--data.root: the covid_rural_annot folder)")
+        self.checked_root("pngs_masks/ and jpgs/ (the covid_rural_annot folder)")
         folder = self.root / ("pngs_masks" if self.regions == "masks" else "jpgs/jsons")
         files = sorted(folder.glob("*.png" if self.regions == "masks" else "*.json"))
         if not files:
