@@ -23,15 +23,15 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
-from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.commands.errors import UsageError
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.registry import available, class_path, config_path
 from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
-NAMES_HELP = ("registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
+NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
               "A model's options: --model.help NAME (a dataset's: --data.help NAME).")
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
