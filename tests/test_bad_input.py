@@ -111,7 +111,7 @@ def test_positive_row_with_a_bad_box_keeps_the_image_positive(tmp_path):
     dm.setup()
     (sick,) = [r for r in dm.test_set.records if r.image_id == "sick"]
     assert sick.labels == {"Pneumonia": 1} and not sick.regions
-    assert [(p.row, p.action) for p in dm.problems] == [("5", "skipped")] and "label kept" in dm.problems[0].reason
+    assert [(p.row, p.action) for p in dm.problems] == [("5", "skipped")] and "keeps the label" in dm.problems[0].reason
 
 
 def test_box_outside_the_image_is_clipped_and_counted(tmp_path):

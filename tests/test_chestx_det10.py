@@ -109,7 +109,7 @@ def test_malformed_box_drops_the_box_but_keeps_its_finding_positive(tmp_path):
     second = next(r for r in dm.test_set.records if r.image_id == "2.png")
     assert second.labels == {"Mass": 1, "Nodule": 1} and second.regions == {"Nodule": [Box(2, 2, 7, 7)]}
     ((row, reason),) = [(p.row, p.reason) for p in dm.problems]
-    assert row == "2 (2.png)" and reason.startswith("Mass box 0") and "label kept" in reason
+    assert row == "2 (2.png)" and reason.startswith("Mass box 0") and "keeps the label" in reason
 
 
 def test_exact_duplicate_entry_and_clipping_are_recorded(tmp_path):

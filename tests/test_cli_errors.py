@@ -42,13 +42,13 @@ def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path):
     # --debug shows the traceback instead
     debug = cli("test", "--model", "center", "--data", "nih_bbox", "--debug")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.rstrip().endswith("DataError: BBox_List_2017.csv: NIH box list not found (set --data.root)")
+    assert debug.stderr.rstrip().endswith("DataError: --data.root: nih_bbox root not set: give the folder holding BBox_List_2017.csv and the images*/ folders of PNGs")
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["--model", "center", "--data", "nih_bbox"], "error: BBox_List_2017.csv: NIH box list not found (set --data.root)"),
-    (["--model", "center", "--data", "demo", "--data.eval_size", "0"], "error: --data: eval_size must be positive, got 0"),
-    (["--model", "center", "--data", "demo", "--data.on_error", "bogus"], "error: --data: on_error must be 'raise' or 'skip', got 'bogus'"),
+    (["--model", "center", "--data", "nih_bbox"], "error: --data.root: nih_bbox root not set: give the folder holding BBox_List_2017.csv and the images*/ folders of PNGs"),
+    (["--model", "center", "--data", "demo", "--data.eval_size", "0"], "error: --data.eval_size: must be > 0, got 0"),
+    (["--model", "center", "--data", "demo", "--data.on_error", "bogus"], "error: --data.on_error: expected one of 'raise', 'skip', got 'bogus'"),
     (["--model", "center", "--model.nope", "1", "--data", "demo"],
      "error: --model.nope: not an option of xbench_pl.models.baselines.CenterBaseline "
      "(its options: python -m xbench_pl test --model.help xbench_pl.models.baselines.CenterBaseline)"),

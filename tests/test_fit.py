@@ -254,7 +254,7 @@ def test_fit_usage_errors_are_one_line(clip_config, capsys, tmp_path):
     assert capsys.readouterr().err == ("error: --data: fit trains on one dataset; pooled pools ['demo', 'demo_dicom'] "
                                        "(fit on each with --data NAME)\n")
     assert main([*base, "--data", "demo", "--data.val_fraction", "1.5"]) == 2
-    assert capsys.readouterr().err == "error: --data: val_fraction must be between 0 and 1, got 1.5\n"
+    assert capsys.readouterr().err == "error: --data.val_fraction: must be > 0 and < 1, got 1.5\n"
     assert main(["fit", "--model", "center", "--data", "demo", "--trainer.accelerator", "cpu", *out]) == 2
     assert capsys.readouterr().err == "error: CenterBaseline has nothing to fit: trainable [] matches none of its 0 parameters\n"
 

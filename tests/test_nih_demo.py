@@ -159,7 +159,7 @@ def test_malformed_box_drops_the_box_but_keeps_its_finding_positive(tmp_path):
     dm = ready(NIHBoxDataModule(root=str(tmp_path), on_error="skip"))
     (record,) = [r for r in dm.test_set.records if r.image_id == "b.png"]
     assert record.labels == {"Mass": 1} and not record.regions.get("Mass")
-    assert [(p.row, p.action) for p in dm.problems] == [("3", "skipped")] and "label kept" in dm.problems[0].reason
+    assert [(p.row, p.action) for p in dm.problems] == [("3", "skipped")] and "keeps the label" in dm.problems[0].reason
 
 
 def test_boxes_clipped_and_duplicates_dropped_are_counted(tmp_path):
@@ -172,7 +172,7 @@ def test_boxes_clipped_and_duplicates_dropped_are_counted(tmp_path):
 
 
 def test_missing_table_and_columns(tmp_path):
-    with pytest.raises(DataError, match="box list not found"):
+    with pytest.raises(DataError, match="BBox_List_2017.csv: not found under --data.root"):
         NIHBoxDataModule(root=str(tmp_path)).load_records()
     (tmp_path / "BBox_List_2017.csv").write_text("Image Index,Finding Label\na.png,Mass\n")
     with pytest.raises(DataError, match="BBox_List_2017.csv: not an NIH box list"):

@@ -91,7 +91,7 @@ def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, cap
     assert [r["status"] for r in rows] == ["done", "done", "failed (exit 2)"]
     dice = [json.loads((Path(r["folder"]) / "metrics.json").read_text())["datasets"]["demo"]["mean"]["dice_best"] for r in rows[:2]]
     assert [float(r["demo/dice_best"]) for r in rows[:2]] == dice and dice[0] >= dice[1]  # sorted, maximize
-    assert "sigma must be positive" in (Path(rows[2]["folder"]) / "log.txt").read_text()
+    assert "error: --model.sigma: must be > 0, got -1.0" in (Path(rows[2]["folder"]) / "log.txt").read_text()
     assert "| model.sigma |" in (out / "summary.md").read_text()
     # interrupted: one finished run lost its metrics.json; the restart reruns only that one (and the failed one)
     lost = Path(rows[1]["folder"]) / "metrics.json"

@@ -41,6 +41,11 @@ def config_path(kind: str, name: str) -> Path:
     return path
 
 
+def class_path(kind: str, name: str) -> str:
+    """The class path of a registered name's config."""
+    return yaml.safe_load(config_path(kind, name).read_text())["class_path"]
+
+
 def resolve_class(class_path: str) -> type:
     module, _, name = class_path.rpartition(".")
     return getattr(importlib.import_module(module), name)

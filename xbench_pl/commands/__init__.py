@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         from xbench_pl.commands.errors import user_error_message
 
-        message = None if debug else user_error_message(error)
+        message = None if debug else user_error_message(error, command)
         if message is None:
             raise
         print_error(message)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 PROG = "python -m xbench_pl"
 #: the Lightning Trainer verbs (``trainer.XBenchCLI`` subcommands)
 TRAINER_COMMANDS = ("test", "fit")
@@ -15,6 +17,20 @@ SUMMARIES = {
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
+
+
+def plain(text: str) -> str:
+    """Docstring text as help shows it: without reStructuredText markup (````x````, ``:class:`~a.B```)."""
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
+def command_help(usage: str, text: str, options: dict[str, str]) -> str:
+    """The ``--help`` of a command that parses its options itself: usage line, ``text``, one line per option."""
+    width = max(len(flag) for flag in options)
+    lines = [f"usage: {PROG} {usage}", "", plain(text).strip(), "", "options:"]
+    lines += [f"  {flag:<{width}}  {plain(what)}" for flag, what in options.items()]
+    return "\n".join(lines)
 
 
 def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:

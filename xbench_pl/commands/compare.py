@@ -22,15 +22,22 @@ import sys
 
 import torch
 
-from xbench_pl.commands.arguments import PROG, take_option
+from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.data.errors import DataError
 from xbench_pl.metrics.benchmark import interval
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.commands.score import UsageProblem, open_store
 from xbench_pl.outputs import check_writable, write_results
-from xbench_pl.predictions import Store, StoreError, model_name, replay_store
 
-USAGE = f"usage: {PROG} compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
+USAGE = "compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
+OPTIONS = {
+    "--predictions A B": f"the two prediction stores ({PROG} test --predictions DIR), written on the same data",
+    "--data NAME": "the dataset both are judged on (default: A's)",
+    "--data.ARG V": "one of the dataset's settings (--data.root DIR, ...)",
+    "--out DIR": "folder for compare.json and compare.md (default: compare)",
+    "--bootstrap N": "paired bootstrap resamples (default: 1000)",
+    "--seed S": "the seed of the resamples (default: 0)",
+}
 
 
 def bootstrap_p_value(differences: torch.Tensor) -> float | None:
@@ -96,9 +103,10 @@ def render_markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(f"{USAGE}\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
+        print(command_help(USAGE, __doc__.split("\n\n", 1)[1], OPTIONS))
         return 0
-    if "--predictions" not in argv or len(argv) < argv.index("--predictions") + 3:
+    stores = argv[argv.index("--predictions") + 1:][:2] if "--predictions" in argv else []
+    if len(stores) < 2 or any(s.startswith("-") for s in stores):
         print("error: --predictions A B is required: two stores written by "
               f"{PROG} test ... --predictions DIR on the same data", file=sys.stderr)
         return 2
@@ -117,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{options['--bootstrap']!r} and {options['--seed']!r}", file=sys.stderr)
         return 2
     check_writable({"--out": options["--out"]})
+    from xbench_pl.predictions import Store, StoreError, model_name, replay_store  # here: --help starts without Lightning
+
     try:
         run_a = open_store(folders[0], rest)
         store_b = Store(folders[1])

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from jsonargparse import ArgumentParser
 
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.commands.arguments import command_help, take_option
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError, Problem
-from xbench_pl.commands.arguments import take_option
 from xbench_pl.registry import available, read_config
+
+if TYPE_CHECKING:  # the datamodule classes import Lightning: --help starts without it
+    from xbench_pl.data.base import Record, XBenchDataModule
 
 
 def summarize(records: list[Record], classes: list[str], problems: list[Problem]) -> dict:
@@ -55,7 +59,7 @@ def format_summary(name: str, summary: dict) -> str:
 
 def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
     parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1],
-                            exit_on_error=False)  # python -m xbench_pl prints the one-line error
+                            **PARSER_KWARGS)
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults({f"data.{k}": v for k, v in {"on_error": "skip", **defaults}.items()})
@@ -65,6 +69,12 @@ def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     name, rest = take_option(argv, "--data")
+    if name is None and any(a in ("-h", "--help") for a in rest):
+        print(command_help("describe --data NAME [--data.ARG V ...] [--json]", __doc__.split("\n\n", 1)[1], {
+            "--data NAME": f"the dataset: {', '.join(available('data'))}",
+            "--data.ARG V": "one of its settings (--data.root DIR, ...; describe --data NAME --help lists them)",
+            "--json": "print the summary as JSON"}))
+        return 0
     if name is None:
         print(f"error: --data NAME is required; available: {available('data')}", file=sys.stderr)
         return 2

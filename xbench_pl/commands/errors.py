@@ -55,8 +55,8 @@ def _last_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def argument_message(error: ArgumentError) -> str:
-    """jsonargparse's nested parse error as one line: the option and the innermost complaint."""
+def argument_message(error: ArgumentError, command: str) -> str:
+    """jsonargparse's nested parse error of ``command``'s options as one line: the option and the innermost complaint."""
     text = str(error)
     keys = [k for k in re.findall(r'Parser key "([^"]+)"', text) if k not in TRAINER_COMMANDS]
     innermost = _chain(error)[-1]
@@ -68,21 +68,30 @@ def argument_message(error: ArgumentError) -> str:
         message = f"cannot import {class_path.group(1)}: {message}"
     elif class_path and "is not accepted" in message:
         keys.append(re.search(r"Option '([^']+)'", message).group(1))
-        message = f"not an option of {class_path.group(1)} (its options: {PROG} test --{keys[0]}.help {class_path.group(1)})"
+        message = f"not an option of {class_path.group(1)} (its options: {PROG} {command} --{keys[0]}.help {class_path.group(1)})"
+    message = re.sub(r"^Expected a typing\.Literal\[(.+)\]\. Got value: (.*)$", r"expected one of \1, got '\2'", message)
     message = re.sub(r"^Expected a (.+)\. Got value: (.*)$", r"expected a \1, got '\2'", message)
+    # a value outside a restricted number type's range (jsonargparse.typing: "v>0 and v<1")
+    restricted = re.match(r"^(.*) does not conform to restriction (.+)$", message)
+    if restricted:
+        bounds = re.sub(r"v([<>=!]+)", r"\1 ", restricted.group(2))
+        message = f"must be {bounds}, got {restricted.group(1)}"
+    message = re.sub(r"^(?:could not convert string to (float)|invalid literal for (int)\(\) with base 10): (.*)$",
+                     r"expected a \1\2, got \3", message)
+    message = re.sub(r"^expected a (?=[aeiou])", "expected an ", message)
     if message.startswith("unrecognized arguments"):
-        message += f" (see {PROG} test --help)"
+        message += f" (see {PROG} {command} --help)"
     option = "--" + ".".join(keys) if keys else ""
     return f"{option}: {message}" if option else message
 
 
-def user_error_message(error: BaseException) -> str | None:
-    """The one line for an expected user error, or None for an unexpected exception."""
+def user_error_message(error: BaseException, command: str) -> str | None:
+    """The one line for an expected user error of ``command``, or None for an unexpected exception."""
     chain = _chain(error)
     if any(isinstance(e, RuntimeError) and "remote worker crash" in str(e) for e in chain):
         return "another DDP rank stopped (its error: above); this rank could not go on without it"
     if isinstance(error, ArgumentError) or any(isinstance(e, ArgumentError) for e in chain[:1]):
-        return argument_message(error)
+        return argument_message(error, command)
     own = next((e for e in chain if isinstance(e, _own_errors())), None)
     loading = next((e for e in chain if isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")),
                    None)

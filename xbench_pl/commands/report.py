@@ -30,6 +30,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.outputs import check_writable
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -325,7 +326,7 @@ def build(runs: list[Run], out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("runs", type=str, nargs="+", help="run folders (test --out) or sweep folders (sweep --out)")
     parser.add_argument("--out", type=str, default="report", help="folder for report.md, report.html and figures/")
     try:

@@ -29,13 +29,15 @@ from types import SimpleNamespace
 from typing import Optional
 
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeInt
 
-from xbench_pl.commands.arguments import PROG, datamodule_problems, take_option
+from xbench_pl.commands.arguments import PROG, command_help, datamodule_problems, take_option
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError
-from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
 from xbench_pl.geometry import Preprocess
+from xbench_pl.metrics.functional import NormalizeMode
+from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
-from xbench_pl.predictions import Store, StoreError, compute_tables, metrics_replayer, model_name, rescore
 from xbench_pl.registry import read_config, resolve_class
 from xbench_pl.report import publish_scores
 
@@ -66,11 +68,21 @@ finding are counted there too. A map that cannot be read, is not 2-D or holds Na
 naming its file (exit 1); so is an image whose maps differ in size (score them as separate runs).
 """
 
-METRIC_OPTIONS = {"normalize": str, "fixed_threshold": float, "score_threshold": float}
+#: ``--help`` of both forms: the options all take
+SHARED_HELP = {
+    "--data.ARG V": f"one of the dataset's settings (--data.root DIR, --data.eval_size N, ...: {PROG} describe "
+                    "--data NAME --help lists them)",
+    "--out DIR": "folder for metrics.json and metrics.md (default: results)",
+    "--normalize M": "saliency normalisation: minmax, max or none",
+    "--fixed_threshold T": "the fixed Dice/IoU threshold, on the grid 0, 0.01, ..., 1",
+    "--score_threshold T": "the threshold on scores for F1 and Hamming accuracy, in [0, 1]",
+    "--chunk N": "images replayed per metric update (default: 64)",
+}
+METRIC_OPTIONS = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
 
 
 def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
-    parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.set_defaults({f"data.{k}": v for k, v in data_defaults.items() if k != "preprocess"})
     parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
@@ -89,6 +101,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     """A prediction store and what to score it on: ``store``, its manifest ``stored``, the run's ``config``
     (with the data and metric settings ``rest`` changes), the ``datamodule`` (``--data NAME``/``--data.ARG V``
     in ``rest``, else the store's), the metric settings ``metrics`` and the parsed ``args``."""
+    from xbench_pl.predictions import Store  # here, not at the top: --help starts without Lightning
+
     store = Store(folder)
     stored = store.read_manifest()
     if stored is None:
@@ -127,11 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     folder, rest = take_option(argv, "--predictions")
     if folder is None:
         if any(a in ("-h", "--help") for a in rest):
-            print(f"usage: {PROG} score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] "
-                  f"[--fixed_threshold T] [--score_threshold T]\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
+            print(command_help("score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] "
+                               "[--fixed_threshold T] [--score_threshold T]", __doc__.split("\n\n", 1)[1], {
+                "--predictions DIR": f"the prediction store ({PROG} test --predictions DIR)",
+                "--data NAME": "the dataset to score on (default: the store's)", **SHARED_HELP,
+                "--maps DIR": f"score saliency maps made elsewhere instead ({PROG} score --maps DIR --help)"}))
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
+    from xbench_pl.predictions import StoreError, model_name, rescore
+
     try:
         run = open_store(folder, rest)
     except UsageProblem as error:
@@ -160,8 +179,12 @@ def score_maps(argv: list[str]) -> int:
     folder, rest = take_option(list(argv), "--maps")
     name, rest = take_option(rest, "--data")
     if any(a in ("-h", "--help") for a in rest):
-        print(f"usage: {PROG} score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
-              f"[--normalize M] [--fixed_threshold T] [--score_threshold T]\n\n{MAPS_HELP.split(chr(10) + chr(10), 1)[1]}")
+        print(command_help("score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
+                           "[--normalize M] [--fixed_threshold T] [--score_threshold T]", MAPS_HELP.split("\n\n", 1)[1], {
+            "--maps DIR": "the folder of maps (and optional scores.csv, preprocess.json)",
+            "--data NAME": "the dataset the maps are of", **SHARED_HELP,
+            "--cxl true": "also CheXlocalize's hit rate and mIoU at full resolution",
+            "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"}))
         return 0
     if folder is None or name is None:
         print(f"error: score --maps DIR needs --data NAME (the dataset the maps are of)", file=sys.stderr)
@@ -177,11 +200,14 @@ def score_maps(argv: list[str]) -> int:
         return 2
     parser = build_parser(datamodule_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
     parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for ci (0 = off)")
+    parser.add_argument("--bootstrap", type=NonNegativeInt, default=1000, help="bootstrap resamples for ci (0 = off)")
     args = parser.parse_args(rest)
     check_writable({"--out": args.out})
     chosen = args.data.as_dict()
     metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
+    from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
+    from xbench_pl.predictions import compute_tables, metrics_replayer
+
     try:
         preprocess, preprocess_config = None, None
         if (folder / "preprocess.json").is_file():

@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.outputs import check_writable
 
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
@@ -265,7 +266,7 @@ def summarize(runs: list[Run], sweep: dict, out: Path) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m xbench_pl sweep", description=__doc__.split("\n\n")[1], exit_on_error=False)
+    parser = ArgumentParser(prog="python -m xbench_pl sweep", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("sweep", type=str, help="a W&B sweep YAML (sweeps/*.yaml)")
     parser.add_argument("--out", type=str, default=None, help="folder of the runs and the summary (default: results/sweep_NAME)")
     parser.add_argument("--dry-run", action="store_true", help="print each run's command; run nothing")

@@ -25,23 +25,32 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from xbench_pl.commands import is_rank_zero
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
 from xbench_pl.commands.errors import UsageError
+from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.outputs import check_writable, write_results
-from xbench_pl.registry import config_path, resolve_class
+from xbench_pl.registry import available, class_path, config_path, resolve_class
 from xbench_pl.report import build_report, markdown_table, provenance, publish_report
 
+#: the end of ``test --help`` and ``fit --help``
+NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
+              "A model's options: --model.help NAME (a dataset's: --data.help NAME).")
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``--ckpt_path`` values that Lightning resolves itself (not a file)
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
+
+
+def is_name(value: str) -> bool:
+    """A registered name, not a class path, a file or inline YAML."""
+    return not ("." in value or "/" in value or value.startswith("{"))
 
 
 def resolve_names(argv: list[str]) -> list[str]:
@@ -50,19 +59,27 @@ def resolve_names(argv: list[str]) -> list[str]:
     A value with a dot or slash is a class path or a file and passes through; any other is a
     registered name, and an unknown one raises ``UnknownName`` listing the available names.
     ``--model VALUE`` is followed by ``--model_name VALUE``: the name the report shows (it is
-    part of the config, so a saved ``--print_config`` keeps it).
+    part of the config, so a saved ``--print_config`` keeps it). ``--model.help NAME`` (and
+    ``--model NAME --model.help``: the model given) shows the options of NAME's class; so does
+    ``--data.help``.
     """
     kinds = {"--model": "models", "--data": "data"}
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
         flag, eq, value = arg.partition("=")
-        if flag in kinds and not eq and i + 1 < len(argv):
+        kind = kinds.get(flag.removesuffix(".help"))
+        if kind and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             value, i = argv[i + 1], i + 1
-        if flag in kinds and value and not value.startswith("{"):
-            out += [flag, value if "." in value or "/" in value else str(config_path(kinds[flag], value))]
+        if kind and flag.endswith(".help"):
+            value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
+            out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
+        elif kind and value and is_name(value):
+            out += [flag, str(config_path(kind, value))]
             if flag == "--model":
                 out += ["--model_name", value]
+        elif kind and value:
+            out += [flag, value]
         else:
             out.append(arg)
         i += 1
@@ -95,6 +112,14 @@ def report_config(settings: dict) -> dict:
     if settings.get("ckpt_path"):
         config["ckpt_path"] = settings["ckpt_path"]
     return config
+
+
+class XBenchArgumentParser(LightningArgumentParser):
+    """Lightning's parser with every command's settings (``PARSER_KWARGS``), also in the parsers jsonargparse
+    builds from it (the help of ``--model.help NAME``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"prog": PROG, **PARSER_KWARGS, **kwargs})
 
 
 class XBenchCLI(LightningCLI):
@@ -282,8 +307,11 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
         trainer_defaults=FIT_TRAINER_DEFAULTS if command == "fit" else TRAINER_DEFAULTS,
         seed_everything_default=0,
         save_config_callback=None,
-        parser_kwargs={"prog": PROG, "description": SUMMARIES[command], "exit_on_error": False,
-                       **{c: {"exit_on_error": False} for c in TRAINER_COMMANDS}},
+        parser_class=XBenchArgumentParser,
+        parser_kwargs={"description": SUMMARIES[command],
+                       **{c: {"description": SUMMARIES[c], "epilog": NAMES_HELP.format(
+                           models=", ".join(available("models")), data=", ".join(available("data")))}
+                          for c in TRAINER_COMMANDS}},
         auto_configure_optimizers=False,
     )
     return 0

@@ -11,9 +11,11 @@ import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import lightning as L
 import torch
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
 from xbench_pl.data import splits
@@ -23,6 +25,9 @@ from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.data.io import read_image_size
 from xbench_pl.data.regions import Box, Polygon, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
+
+#: what a bad input does: stop the run naming it, or leave it out and report it (``XBenchDataModule.report``)
+OnError = Literal["raise", "skip"]
 
 
 @dataclass
@@ -172,8 +177,10 @@ class DatasetSpec:
 
 
 class XBenchDataModule(L.LightningDataModule):
-    """Base of every dataset. Subclasses set ``name`` and ``default_classes`` (optionally
-    ``available_classes``, a superset ``classes`` may choose from) and implement ``load_records``.
+    """Base of every dataset.
+
+    Subclasses set ``name`` and ``default_classes`` (optionally ``available_classes``, a superset
+    ``classes`` may choose from) and implement ``load_records``.
 
     Args:
         root: folder of the dataset exactly as it unpacks from its official source.
@@ -181,7 +188,8 @@ class XBenchDataModule(L.LightningDataModule):
             that is no image id of the dataset, such as ``image_id``, is a header), or a CSV with
             a header row and an ``image_id`` or ``id`` column (else its first column).
         classes: restrict/reorder the findings evaluated (canonical names).
-        batch_size, num_workers: DataLoader settings.
+        batch_size: images per batch.
+        num_workers: DataLoader worker processes (0: load in the main process).
         eval_size: side of the evaluation grid that uniformly covers each original image;
             saliency and regions are compared there (default 512: see docs/architecture.md).
         on_error: ``"raise"`` (stop at the first bad input, naming file and row) or ``"skip"``
@@ -191,9 +199,9 @@ class XBenchDataModule(L.LightningDataModule):
             ``XBENCH_CACHE_DIR`` environment variable, else no cache. Results do not depend on it.
         max_side: decode images to at most this long side before preprocessing (geometry stays
             exact, see ``ImageStore``); ``None`` (default) keeps full resolution.
-        val_fraction, split_seed: ``fit`` only: the share of patients (images where the dataset records
-            none) held out for validation, and the seed of that split and of the training shuffle
-            (``xbench_pl.data.splits``; official splits are used where the dataset has one).
+        val_fraction: ``fit`` only: the share of patients (images where the dataset records none) held
+            out for validation (``xbench_pl.data.splits``; official splits are used where the dataset has one).
+        split_seed: ``fit`` only: the seed of that split and of the training shuffle.
         fit_split: ``fit`` only: a split file an earlier ``fit`` wrote (``OUT/split.csv``) to use instead.
 
     ``problems`` lists every bad input found (skipped, or corrected such as clipped boxes): the
@@ -218,14 +226,14 @@ class XBenchDataModule(L.LightningDataModule):
         root: str | None = None,
         split_file: str | None = None,
         classes: list[str] | None = None,
-        batch_size: int = 16,
-        num_workers: int = 0,
-        eval_size: int = 512,
-        on_error: str = "raise",
+        batch_size: PositiveInt = 16,
+        num_workers: NonNegativeInt = 0,
+        eval_size: PositiveInt = 512,
+        on_error: OnError = "raise",
         preprocess: Preprocess | None = None,
         cache_dir: str | None = None,
-        max_side: int | None = None,
-        val_fraction: float = 0.2,
+        max_side: PositiveInt | None = None,
+        val_fraction: OpenUnitInterval = 0.2,
         split_seed: int = 0,
         fit_split: str | None = None,
     ):
@@ -238,7 +246,7 @@ class XBenchDataModule(L.LightningDataModule):
         self.val_set: XBenchDataset | None = None
         self.fit_source = ""
         self.split_out: Path | None = None
-        if on_error not in ("raise", "skip"):
+        if on_error not in get_args(OnError):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if eval_size < 1:
             raise ValueError(f"eval_size must be positive, got {eval_size}")
@@ -262,6 +270,15 @@ class XBenchDataModule(L.LightningDataModule):
     # -- what a dataset implements ---------------------------------------------------------
     def load_records(self) -> list[Record]:
         raise NotImplementedError
+
+    def checked_root(self, layout: str) -> Path:
+        """``root``, or a ``DataError`` naming ``--data.root`` when it is not set or is no folder; ``layout``
+        says what the folder holds (the dataset as it unpacks)."""
+        if self.root is None:
+            raise DataError("--data.root", f"{self.name} root not set: give the folder holding {layout}")
+        if not self.root.is_dir():
+            raise DataError("--data.root", f"{self.root}: no such folder (give {self.name}'s folder, holding {layout})")
+        return self.root
 
     # -- bad input ---------------------------------------------------------------------------
     def report(self, error: DataError) -> None:

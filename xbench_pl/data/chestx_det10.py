@@ -27,12 +27,15 @@ entries are equal, else an error. Boxes reaching outside the image are clipped a
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.errors import DataError
+from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
-SPLITS = ("test", "train")
+Split = Literal["test", "train"]
+SPLITS = get_args(Split)
 
 
 class ChestXDet10DataModule(XBenchDataModule):
@@ -49,15 +52,14 @@ class ChestXDet10DataModule(XBenchDataModule):
     default_classes = dataset_classes("chestx_det10")
     fit_official_split = "train"
 
-    def __init__(self, root: str | None = None, split: str = "test", image_dir: str | None = None, **kwargs):
+    def __init__(self, root: str | None = None, split: Split = "test", image_dir: str | None = None, **kwargs):
         super().__init__(root=root, **kwargs)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.split, self.image_dir = split, image_dir
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError(f"{self.split}.json", "ChestX-Det10 root not set (--data.root)")
+        self.checked_root("test.json, train.json and the PNG images")
         path = self.root / f"{self.split}.json"
         entries = read_json(path, list)
         image_folder = self.root / self.image_dir if self.image_dir else self.root
@@ -85,7 +87,7 @@ class ChestXDet10DataModule(XBenchDataModule):
                 try:
                     box = parse_box(box, "xyxy_inclusive")
                 except (ValueError, TypeError) as error:
-                    self.report(DataError(path, f"{finding} box {index}: {error}; box dropped, label kept", row=row))
+                    self.report(DataError(path, f"{finding} box {index}: {error} ({UNUSABLE_BOX})", row=row))
                     continue
                 record.add_region(finding, box, path, row)
         return list(records.values())

@@ -37,6 +37,7 @@ dropped and recorded. ``img_size`` is not read: masks are checked against the de
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
 
 from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
@@ -45,8 +46,10 @@ from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
-SPLITS = ("test", "val")
+Split = Literal["test", "val"]
+SPLITS = get_args(Split)
 LABEL_FILES = {"test": ("test_labels.csv",), "val": ("val_labels.csv", "valid.csv")}
+RegionSource = Literal["segmentations", "annotations"]
 REGION_FILES = {"segmentations": "gt_segmentations_{split}.json", "annotations": "gt_annotations_{split}.json"}
 
 
@@ -74,7 +77,7 @@ class CheXlocalizeDataModule(XBenchDataModule):
     default_classes = dataset_classes("chexlocalize")
     fit_official_split = "val"
 
-    def __init__(self, root: str | None = None, split: str = "test", regions: str = "segmentations", **kwargs):
+    def __init__(self, root: str | None = None, split: Split = "test", regions: RegionSource = "segmentations", **kwargs):
         super().__init__(root=root, **kwargs)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -83,8 +86,7 @@ class CheXlocalizeDataModule(XBenchDataModule):
         self.split, self.regions = split, regions
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError("CheXlocalize", "CheXlocalize root not set (--data.root)")
+        self.checked_root("the label CSVs and gt_segmentations_*.json / gt_annotations_*.json, with the CheXpert images")
         records = self.read_labels(find_one(self.root, LABEL_FILES[self.split]))
         path = find_one(self.root, (REGION_FILES[self.regions].format(split=self.split),))
         read = self.read_segmentation if self.regions == "segmentations" else self.read_annotation

@@ -31,6 +31,7 @@ JPEG and a mask whose size differs from its JPEG are caught by the setup image c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
 
 from xbench_pl.data.annotations import MaskFile, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
@@ -40,7 +41,8 @@ from xbench_pl.data.vocabulary import canonical, dataset_classes
 
 (OPACITY,) = dataset_classes("covid_rural")
 ANATOMY_LABELS = ("left_lung", "right_lung", "lung")
-REGION_SOURCES = ("masks", "polygons")
+RegionSource = Literal["masks", "polygons"]
+REGION_SOURCES = get_args(RegionSource)
 
 
 class COVIDRuralDataModule(XBenchDataModule):
@@ -54,15 +56,14 @@ class COVIDRuralDataModule(XBenchDataModule):
     name = "covid_rural"
     default_classes = (OPACITY,)
 
-    def __init__(self, root: str | None = None, regions: str = "masks", **kwargs):
+    def __init__(self, root: str | None = None, regions: RegionSource = "masks", **kwargs):
         super().__init__(root=root, **kwargs)
         if regions not in REGION_SOURCES:
             raise ValueError(f"regions must be one of {REGION_SOURCES}, got {regions!r}")
         self.regions = regions
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError("covid_rural", "COVID-19 Rural root not set (--data.root: the covid_rural_annot folder)")
+        self.checked_root("pngs_masks/ and jpgs/ (the covid_rural_annot folder)")
         folder = self.root / ("pngs_masks" if self.regions == "masks" else "jpgs/jsons")
         files = sorted(folder.glob("*.png" if self.regions == "masks" else "*.json"))
         if not files:

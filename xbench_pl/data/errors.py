@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+#: the end of the reason for a box that does not parse in a row that still labels its finding: what
+#: ``on_error="skip"`` does (true whichever mode the run is in)
+UNUSABLE_BOX = "on_error=skip drops the box and keeps the label"
+
+
 class DataError(ValueError):
     """Bad input: the message names the file (and row) and says what is wrong.
 

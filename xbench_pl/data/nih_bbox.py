@@ -35,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from jsonargparse.typing import NonNegativeInt
 
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.errors import DataError
+from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import canonical, dataset_classes
@@ -67,6 +68,9 @@ def read_box_table(path: str | Path) -> pd.DataFrame:
     return table[(table[list(BOX_COLUMNS)] != "").any(axis=1)]
 
 
+NIH_LAYOUT = f"{BOX_TABLE} and the images*/ folders of PNGs"
+
+
 class NIHBoxDataModule(XBenchDataModule):
     """NIH ChestX-ray14 with radiologist boxes.
 
@@ -81,17 +85,17 @@ class NIHBoxDataModule(XBenchDataModule):
     default_classes = NIH_BOX_CLASSES
     fit_test_list = "test_list.txt"
 
-    def __init__(self, root: str | None = None, negatives: int = 0, seed: int = 0, **kwargs):
+    def __init__(self, root: str | None = None, negatives: NonNegativeInt = 0, seed: int = 0, **kwargs):
         super().__init__(root=root, **kwargs)
         if negatives < 0:
             raise ValueError(f"negatives must be >= 0, got {negatives}")
         self.negatives, self.seed = negatives, seed
 
     def load_records(self) -> list[Record]:
-        root = self.root
-        table_path = find_one(root, (BOX_TABLE, f"{BOX_TABLE}.gz"), required=False) if root is not None else None
+        root = self.checked_root(NIH_LAYOUT)
+        table_path = find_one(root, (BOX_TABLE, f"{BOX_TABLE}.gz"), required=False)
         if table_path is None:
-            raise DataError(root / BOX_TABLE if root else BOX_TABLE, "NIH box list not found (set --data.root)")
+            raise DataError(root / BOX_TABLE, f"not found under --data.root {root}, which should hold {NIH_LAYOUT}")
         images = ImageIndex(root, "images*/**/*.png")
         table = drop_duplicate_rows(read_box_table(table_path), BOX_COLUMNS, table_path, self.report)
         records: dict[str, Record] = {}
@@ -111,7 +115,7 @@ class NIHBoxDataModule(XBenchDataModule):
             try:
                 box = parse_box((row.x, row.y, row.w, row.h), "xywh")
             except ValueError as error:
-                self.report(DataError(table_path, f"{finding} {error}; box dropped, label kept", row=row.row))
+                self.report(DataError(table_path, f"{finding} {error} ({UNUSABLE_BOX})", row=row.row))
                 continue
             record.add_region(finding, box, table_path, row.row)
         entries = self.read_entries(root)

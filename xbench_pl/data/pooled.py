@@ -34,9 +34,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader
 
-from xbench_pl.data.base import XBenchDataModule
+from xbench_pl.data.base import OnError, XBenchDataModule
 from xbench_pl.geometry import Preprocess
 from xbench_pl.registry import create_datamodule, resolve_class
 
@@ -58,13 +59,13 @@ class PooledDataModule(XBenchDataModule):
         self,
         datasets: list[str | dict[str, Any]],
         root: str | None = None,
-        batch_size: int = 16,
-        num_workers: int = 0,
-        eval_size: int = 512,
-        on_error: str = "raise",
+        batch_size: PositiveInt = 16,
+        num_workers: NonNegativeInt = 0,
+        eval_size: PositiveInt = 512,
+        on_error: OnError = "raise",
         preprocess: Preprocess | None = None,
         cache_dir: str | None = None,
-        max_side: int | None = None,
+        max_side: PositiveInt | None = None,
     ):
         shared = dict(batch_size=batch_size, num_workers=num_workers, eval_size=eval_size, on_error=on_error,
                       preprocess=preprocess, cache_dir=cache_dir, max_side=max_side)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from xbench_pl.data.annotations import parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
-from xbench_pl.data.errors import DataError
+from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.vocabulary import dataset_classes
 
@@ -62,7 +62,7 @@ def parse_rsna_labels(table_path: str | Path, image_dir: str | Path, report: Rep
         try:
             box = parse_box(coordinates, "xywh")
         except ValueError as error:
-            report(DataError(table_path, f"{error}; box dropped, label kept", row=row.row))
+            report(DataError(table_path, f"{error} ({UNUSABLE_BOX})", row=row.row))
             continue
         record.add_region(PNEUMONIA, box, table_path, row.row)
     return list(records.values())
@@ -84,6 +84,5 @@ class RSNAPneumoniaDataModule(XBenchDataModule):
     default_classes = (PNEUMONIA,)
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError(LABEL_TABLE, "RSNA root not set (--data.root: the folder holding stage_2_train_labels.csv)")
+        self.checked_root(f"{LABEL_TABLE} and {IMAGE_DIR}/")
         return parse_rsna_labels(self.root / LABEL_TABLE, self.root / IMAGE_DIR, self.report)

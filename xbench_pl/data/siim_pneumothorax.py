@@ -116,16 +116,17 @@ class SIIMPneumothoraxDataModule(XBenchDataModule):
     default_classes = (PNEUMOTHORAX,)
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError(RLE_TABLE, "SIIM root not set (--data.root: the folder holding train-rle.csv)")
+        self.checked_root(f"{RLE_TABLE} and the DICOM images")
         # a missing ImageId maps to a path that does not exist: setup reports it as a missing image
         dicoms = ImageIndex(self.root, "**/*.dcm", key=attrgetter("stem"))
         return parse_siim_rle(self.root / RLE_TABLE, dicoms.get, self.report)
 
 
 class DemoDicomDataModule(SIIMPneumothoraxDataModule):
-    """The synthetic demo in SIIM format: 6 generated 512² JPEG-Baseline DICOMs read by the SIIM
-    reader, 3 with pneumothorax (one bilateral: two RLE rows) and 3 negatives. Not patient data.
+    """The synthetic demo in SIIM format (not patient data).
+
+    6 generated 512² JPEG-Baseline DICOMs read by the SIIM reader, 3 with pneumothorax (one
+    bilateral: two RLE rows) and 3 negatives.
 
     Args:
         root: the demo folder; generated there on first use if missing or empty

@@ -150,8 +150,7 @@ class VinDrCXRDataModule(XBenchDataModule):
     available_classes = LOCAL_LABELS
 
     def load_records(self) -> list[Record]:
-        if self.root is None:
-            raise DataError(BOX_TABLE, "VinDr-CXR root not set (--data.root: the folder holding annotations/ and test/)")
+        self.checked_root(f"{BOX_TABLE} and {IMAGE_DIR}/")
         label_path = self.root / LABEL_TABLE
         return vindr_records(self.root / BOX_TABLE, label_path if label_path.is_file() else None,
                              lambda image_id: self.root / IMAGE_DIR / f"{image_id}.dicom", tuple(self.classes), self.report)

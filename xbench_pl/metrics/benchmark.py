@@ -130,6 +130,15 @@ def _numbers(values: torch.Tensor) -> list:
     return [int(v) if isinstance(v, int) else _number(v) for v in values.cpu().tolist()]
 
 
+def checked_size_bounds(size_bounds) -> tuple[float, float]:
+    """The two area fractions separating small | medium | large regions (``by_size``); a ValueError unless
+    0 < small < large < 1."""
+    bounds = tuple(float(b) for b in size_bounds)
+    if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < 1:
+        raise ValueError(f"size bounds must be two area fractions 0 < small < large < 1, got {size_bounds}")
+    return bounds
+
+
 class BenchmarkMetrics(nn.Module):
     """Recognition + grounding for one dataset's class list; ``compute()`` gives its table."""
 
@@ -150,10 +159,7 @@ class BenchmarkMetrics(nn.Module):
         self.curves: dict = {}
         if bootstrap < 0:
             raise ValueError(f"bootstrap must be >= 0 resamples (0 = off), got {bootstrap}")
-        bounds = tuple(float(b) for b in size_bounds)
-        if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < 1:
-            raise ValueError(f"size bounds must be two area fractions 0 < small < large < 1, got {size_bounds}")
-        self.bootstrap, self.bootstrap_seed, self.size_bounds = int(bootstrap), int(bootstrap_seed), bounds
+        self.bootstrap, self.bootstrap_seed, self.size_bounds = int(bootstrap), int(bootstrap_seed), checked_size_bounds(size_bounds)
         self.tuned_thresholds, self.tuning_source = tuned_thresholds, tuning_source
         self.energy = EnergyPointing(c, normalize=normalize)
         self.lift = PointingLift(c)

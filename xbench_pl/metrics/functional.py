@@ -7,6 +7,8 @@ Grounding functions take maps and masks already in one frame: ``maps [N, H, W]``
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torchmetrics.functional.classification import binary_calibration_error
 
@@ -18,7 +20,9 @@ from xbench_pl.metrics.kernels import default_thresholds, otsu_threshold_from_hi
 #: bilinear resampling perturbs exact ties and constants by float rounding only.
 RELATIVE_TOLERANCE = 1e-6
 
-NORMALIZE_MODES = ("minmax", "max", "none")
+#: per-map saliency normalisations (``normalize_saliency``)
+NormalizeMode = Literal["minmax", "max", "none"]
+NORMALIZE_MODES = get_args(NormalizeMode)
 
 
 def _raise_if_not_finite(per_map: torch.Tensor) -> None:

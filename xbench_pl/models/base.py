@@ -23,17 +23,20 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 import torch.nn.functional as F
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from xbench_pl.data.base import Batch
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics import BenchmarkMetrics
-from xbench_pl.metrics.benchmark import read_tuned_thresholds
+from xbench_pl.metrics.benchmark import checked_size_bounds, read_tuned_thresholds
+from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
 from xbench_pl.metrics.resampling import image_key, unit_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, class_path, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.options import GridThreshold
 
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
@@ -86,7 +89,8 @@ class ZeroShotModel(L.LightningModule):
         score_threshold: threshold on scores for F1 and Hamming accuracy.
         bootstrap: bootstrap resamples for the 95 % intervals in ``ci`` (0 = off), from per-pair values
             (``xbench_pl.metrics.resampling``), resampling patients where the dataset records them
-            (``Batch.patient_ids``), else images; ``bootstrap_seed`` seeds them.
+            (``Batch.patient_ids``), else images.
+        bootstrap_seed: the seed of the bootstrap resamples.
         size_strata: the area fractions separating small | medium | large regions in ``by_size``.
         tune_from: a tuning run's ``metrics.json`` (or its folder): each finding's ``tau_best`` there is
             applied unchanged (``dice_tuned``, ``iou_tuned``, ``tau_tuned``); None: not reported, and
@@ -99,18 +103,20 @@ class ZeroShotModel(L.LightningModule):
         trainable: regexes (``re.search``) of the parameter names ``fit`` trains; every other parameter is
             frozen (``requires_grad=False``) and modules without a trained parameter stay in eval mode.
             None: the family's ``TRAINABLE`` (see docs/fit.md).
-        lr, weight_decay: AdamW's learning rate and weight decay for ``fit`` (no decay on biases, norms and
-            scalars such as ``logit_scale``: parameters of fewer than 2 dimensions).
+        lr: AdamW's learning rate for ``fit``.
+        weight_decay: AdamW's weight decay for ``fit`` (none on biases, norms and scalars such as
+            ``logit_scale``: parameters of fewer than 2 dimensions).
     """
 
     preprocess: Preprocess
     #: regexes of the parameter names ``fit`` trains by default; each family sets its own (none: nothing to fit)
     TRAINABLE: tuple[str, ...] = ()
 
-    def __init__(self, normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
-                 bootstrap: int = 1000, bootstrap_seed: int = 0, size_strata: tuple[float, float] = (0.01, 0.1),
-                 tune_from: str | None = None, cxl: bool = False, negatives: bool = False,
-                 trainable: list[str] | None = None, lr: float = 1e-4, weight_decay: float = 0.01):
+    def __init__(self, normalize: NormalizeMode = "minmax", fixed_threshold: GridThreshold = 0.5,
+                 score_threshold: ClosedUnitInterval = 0.5, bootstrap: NonNegativeInt = 1000, bootstrap_seed: int = 0,
+                 size_strata: tuple[OpenUnitInterval, OpenUnitInterval] = (0.01, 0.1), tune_from: str | None = None,
+                 cxl: bool = False, negatives: bool = False, trainable: list[str] | None = None, lr: PositiveFloat = 1e-4,
+                 weight_decay: NonNegativeFloat = 0.01):
         super().__init__()
         for pattern in trainable or ():
             try:
@@ -128,7 +134,7 @@ class ZeroShotModel(L.LightningModule):
         self.val_results: dict[str, dict] = {}  # the last validation's tables
         self.val_history: list[dict] = []  # per validation epoch: epoch, step and each dataset's mean row
         self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
-        self.bootstrap, self.bootstrap_seed, self.size_strata = int(bootstrap), int(bootstrap_seed), tuple(size_strata)
+        self.bootstrap, self.bootstrap_seed, self.size_strata = int(bootstrap), int(bootstrap_seed), checked_size_bounds(size_strata)
         self.tune_from = tune_from
         self.tuned_thresholds = read_tuned_thresholds(tune_from) if tune_from else {}
         self.cxl, self.negatives = bool(cxl), bool(negatives)

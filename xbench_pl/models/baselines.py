@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from jsonargparse.typing import PositiveFloat, PositiveInt
 
 from xbench_pl.data.annotations import parse_box
 from xbench_pl.data.errors import DataError
@@ -51,9 +52,14 @@ class UniformBaseline(MapBaseline):
 
 
 class CenterBaseline(MapBaseline):
-    """A centred isotropic Gaussian (in image-relative coordinates), ``sigma`` a fraction of the image side."""
+    """A centred isotropic Gaussian (in image-relative coordinates).
 
-    def __init__(self, sigma: float = 0.25, grid: int = 64, **kwargs):
+    Args:
+        sigma: the Gaussian's standard deviation, a fraction of the image side.
+        grid: the side of the map.
+    """
+
+    def __init__(self, sigma: PositiveFloat = 0.25, grid: PositiveInt = 64, **kwargs):
         super().__init__(**kwargs)
         if sigma <= 0:
             raise ValueError("sigma must be positive")
@@ -134,8 +140,8 @@ class LocationPriorBaseline(MapBaseline):
     ``fallback_classes``).
     """
 
-    def __init__(self, table: str | None = None, exclude: list[str] | None = None, image_size: int = PRIOR_IMAGE_SIZE,
-                 grid: int = PRIOR_GRID, **kwargs):
+    def __init__(self, table: str | None = None, exclude: list[str] | None = None, image_size: PositiveInt = PRIOR_IMAGE_SIZE,
+                 grid: PositiveInt = PRIOR_GRID, **kwargs):
         super().__init__(**kwargs)
         if table is None:
             if exclude or (image_size, grid) != (PRIOR_IMAGE_SIZE, PRIOR_GRID):

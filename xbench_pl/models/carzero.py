@@ -53,6 +53,7 @@ import re
 from pathlib import Path
 
 import torch
+from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
@@ -216,7 +217,7 @@ class CARZero(ZeroShotModel):
         random_init: bool = False,
         trust_checkpoint: bool = False,
         texts: dict[str, str] | None = None,
-        image_size: int | None = None,
+        image_size: PositiveInt | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)

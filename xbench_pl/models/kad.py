@@ -47,9 +47,11 @@ whole image (PIL, antialiased) to the input size, ImageNet mean/std.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 import yaml
+from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
@@ -109,6 +111,10 @@ def checkpoint_filter_fn(checkpoint: object, model: "KAD", source: str = "checkp
     return {rename(k): v for k, v in state.items()}
 
 
+#: the finding queries KAD embeds: its authors' list, or the requested findings (``KAD.__init__``)
+QuerySet = Literal["authors", "requested"]
+
+
 class KAD(ZeroShotModel):
     """KAD and the query-decoder models of its lineage; see the module docstring.
 
@@ -139,7 +145,7 @@ class KAD(ZeroShotModel):
         **{f"image.resnet.layer{i}.": f"image.res_features.{i + 3}." for i in range(1, 5)},
         "decoder_norm.": "decoder.norm.",
     }
-    QUERY_SETS = ("authors", "requested")
+    QUERY_SETS = get_args(QuerySet)
     TRAINABLE = (r"^mlp_head\.",)  # fit: the classifier head (queries are embedded without gradients)
     INPUT_SIZES = {224: "kad-224", 512: "kad-512", 1024: "kad-1024"}  # --model.image_size -> the released variant
 
@@ -149,9 +155,9 @@ class KAD(ZeroShotModel):
         checkpoint: str | None = None,
         tokenizer: str | None = None,
         random_init: bool = False,
-        query_set: str = "authors",
+        query_set: QuerySet = "authors",
         texts: dict[str, str] | None = None,
-        image_size: int | None = None,
+        image_size: PositiveInt | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)

@@ -69,8 +69,10 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
+from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
@@ -334,7 +336,7 @@ class MedKLIP(ZeroShotModel):
         query_cache: str | None = None,
         entities: dict[str, str] | None = None,
         random_init: bool = False,
-        image_size: int | None = None,
+        image_size: PositiveInt | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -544,8 +546,14 @@ class MedKLIP(ZeroShotModel):
         return ZeroShotOutput(scores=scores, saliency=maps)
 
 
+#: how MAVL scores an entity (``MAVL.__init__``)
+ScoreMode = Literal["feature", "text"]
+
+
 class MAVL(MedKLIP):
-    """MAVL; see the module docstring. Arguments as ``MedKLIP``, plus:
+    """MAVL; see the module docstring.
+
+    Arguments as ``MedKLIP``, plus these.
 
     Args:
         knowledge: the user's copies of MAVL's ``observation explanation.json`` and
@@ -566,7 +574,7 @@ class MAVL(MedKLIP):
     INPUT_SIZES = {224: "mavl"}  # its attention pool is built for the 14 x 14 grid of 224 px
     KNOWLEDGE_HINT = ("the user's copies of MAVL's 'observation explanation.json' (HieuPhan33/MAVL, Zero-shot_grounding/) and "
                       "'gpt4_mimic.json' (Pretrain/concept_gen/) as knowledge=[FILE, FILE]")
-    SCORE_MODES = ("feature", "text")
+    SCORE_MODES = get_args(ScoreMode)
 
     def __init__(
         self,
@@ -578,8 +586,8 @@ class MAVL(MedKLIP):
         query_cache: str | None = None,
         entities: dict[str, str] | None = None,
         random_init: bool = False,
-        score_mode: str = "feature",
-        image_size: int | None = None,
+        score_mode: ScoreMode = "feature",
+        image_size: PositiveInt | None = None,
         **kwargs,
     ):
         if score_mode not in self.SCORE_MODES:

@@ -34,10 +34,12 @@ from __future__ import annotations
 import json
 from copy import deepcopy
 from pathlib import Path
+from typing import Literal, get_args
 
 import open_clip
 import torch
 import torch.nn.functional as F
+from jsonargparse.typing import PositiveInt
 from open_clip.timm_model import TimmModel
 from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
 from open_clip.transformer import VisionTransformer
@@ -207,6 +209,10 @@ def check_patch_tokens(visual: nn.Module) -> None:
         raise ValueError(f"saliency needs a ViT image tower, got {type(visual).__name__}")
 
 
+#: how an image-prompt similarity becomes a score (``OpenCLIPModel.__init__``)
+ScoreMode = Literal["softmax", "cosine"]
+
+
 class OpenCLIPModel(ZeroShotModel):
     """A CLIP-style dual encoder through open_clip; see the module docstring for conventions.
 
@@ -237,15 +243,15 @@ class OpenCLIPModel(ZeroShotModel):
         tokenizer: str | None = None,
         positive: str | list[str] = "{}",
         negative: str | list[str] | None = "no {}",
-        score: str = "softmax",
-        text_batch_size: int = 256,
+        score: ScoreMode = "softmax",
+        text_batch_size: PositiveInt = 256,
         random_init: bool = False,
         trust_checkpoint: bool = False,
-        image_size: int | None = None,
+        image_size: PositiveInt | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if score not in ("softmax", "cosine"):
+        if score not in get_args(ScoreMode):
             raise ValueError(f"score must be 'softmax' or 'cosine', got {score!r}")
         self.prompts = PromptSet(as_templates(positive), as_templates(negative))
         if score == "softmax" and not self.prompts.negative:

@@ -1,0 +1,24 @@
+"""Types of init args with a constrained domain. The command line (jsonargparse) checks a value
+against its arg's type while parsing, so a bad one is refused before anything is built, naming
+the option (``--data.batch_size: must be > 0, got 0``). Number ranges use jsonargparse's own
+restricted types (``PositiveInt``, ``NonNegativeInt``, ``ClosedUnitInterval``, ...); choices are
+``typing.Literal``s; this module adds the types jsonargparse lacks.
+"""
+
+from __future__ import annotations
+
+import torch
+from jsonargparse.typing import extend_base_type
+
+from xbench_pl.metrics.kernels import default_thresholds
+
+
+def _on_threshold_grid(cls, value) -> None:
+    number = float(value)
+    if not torch.isclose(default_thresholds(dtype=torch.float64), torch.tensor(number, dtype=torch.float64), atol=1e-9).any():
+        raise ValueError(f"{value} is not on the threshold grid 0, 0.01, ..., 1")
+
+
+#: a Dice/IoU threshold on the metrics' grid (``kernels.default_thresholds``)
+GridThreshold = extend_base_type("GridThreshold", float, _on_threshold_grid, register_key=("xbench_pl", "GridThreshold"),
+                                 docstring="a threshold on the grid 0, 0.01, ..., 1")
