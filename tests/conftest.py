@@ -14,13 +14,28 @@ import pytest  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+def tracked_files() -> set[str] | None:
+    """The files git tracks in the working tree; None outside a git checkout."""
+    listing = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True)
+    return set(listing.stdout.split("\0")) - {""} if listing.returncode == 0 else None
+
+
+TRACKED = tracked_files()
+
+
 def tree_entries() -> set[str]:
-    """The files of the working tree that git does not track (untracked or ignored), bytecode and pytest's
-    cache aside; empty outside a git checkout."""
-    listing = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "-z"],
-                             cwd=REPO, capture_output=True, text=True)
-    entries = {e[3:] for e in listing.stdout.split("\0") if e[:2] in ("??", "!!")} if listing.returncode == 0 else set()
-    return {e for e in entries if "__pycache__/" not in e and not e.startswith(".pytest_cache/")}
+    """The files of the working tree that git does not track (untracked or ignored), bytecode, pytest's cache
+    and virtual environments aside; empty outside a git checkout. A walk, not ``git status --ignored``, which
+    would list every file of a ``.venv`` in the clone, twice a test."""
+    if TRACKED is None:
+        return set()
+    entries = set()
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [name for name in subfolders if name not in (".git", "__pycache__", ".pytest_cache")
+                         and not os.path.isfile(os.path.join(folder, name, "pyvenv.cfg"))]
+        relative = os.path.relpath(folder, REPO)
+        entries.update(name if relative == "." else f"{relative}/{name}" for name in files)
+    return entries - TRACKED
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,7 @@ architecture. ``tests/data/carzero_reference.pt`` holds the authors' outputs on 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 import torch
 
 import carzero_reference as cr
+from test_cli import in_process
 import xbench_pl
 from xbench_pl.models.carzero import CARZero, checkpoint_filter_fn, clean_caption, word_groups
 from xbench_pl.models.checkpoints import CheckpointError, read_checkpoint
@@ -373,14 +372,8 @@ def test_text_cache_and_overrides(tiny_config, tokenizer_dir):
     assert not model._text_cache
 
 
-def cli(*args, timeout=900):
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
-    result = cli("test", "--model", "carzero", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
+    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
                  "--model.architecture", tiny_config, "--model.trust_checkpoint", "false", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
@@ -393,5 +386,5 @@ def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
 
 
 def test_cli_needs_a_local_tokenizer(tmp_path):
-    result = cli("test", "--model", "carzero", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "BioClinicalMPBERT" in result.stderr

@@ -1,13 +1,18 @@
-"""The CLI end to end, in subprocesses (DDP inside pytest would re-run the whole session)."""
+"""The CLI end to end: in subprocesses where the process itself is tested (DDP inside pytest would re-run
+the whole session), else by ``main`` in this process, which spares the start-up and imports of a new one."""
 
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from xbench_pl.commands import main
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import metric_keys
 
@@ -21,10 +26,33 @@ def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def in_process(*args, **environ) -> subprocess.CompletedProcess:
+    """``cli(*args)`` run by ``main`` in this process with ``environ`` added to the environment: its exit
+    status, stdout and stderr, warnings on stderr as the command line prints them (``warning: ...``)."""
+    out, err, saved = io.StringIO(), io.StringIO(), {name: os.environ.get(name) for name in environ}
+    os.environ.update(environ)
+    try:
+        with warnings.catch_warnings(record=True) as caught, redirect_stdout(out), redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # --help, --print_config
+                code = exit_.code or 0
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    stderr = err.getvalue() + "".join(f"warning: {w.message}\n" for w in caught)
+    return subprocess.CompletedProcess(["xbench_pl", *args], code, out.getvalue(), stderr)
+
+
 def one_and_two_processes(out: Path, *args):
     """Run ``test ARGS`` in 1 process and in 2 DDP processes: (report of 1, report of 2, the DDP run),
-    each report without its ``provenance`` (times, world size), which is checked and dropped."""
-    one = cli(*args, "--out", str(out / "one"))
+    each report without its ``provenance`` (times, world size), which is checked and dropped. The one process
+    is this one: the 2 DDP processes are compared with the code the other tests run in process."""
+    one = in_process(*args, "--out", str(out / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     two = cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(out / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
@@ -34,7 +62,7 @@ def one_and_two_processes(out: Path, *args):
 
 
 def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
-    result = cli("test", "--model", "location_prior", "--data", "demo", "--out", str(tmp_path))
+    result = in_process("test", "--model", "location_prior", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["model"] == "location_prior"
@@ -63,9 +91,9 @@ def test_one_and_two_process_ddp_give_identical_metrics(tmp_path, images):
 
 
 def test_print_config_and_unknown_names():
-    shown = cli("test", "--model", "center", "--data", "demo", "--print_config")
+    shown = in_process("test", "--model", "center", "--data", "demo", "--print_config")
     assert shown.returncode == 0 and "CenterBaseline" in shown.stdout and "sigma: 0.25" in shown.stdout
-    unknown = cli("test", "--model", "no_such_model", "--data", "demo")
+    unknown = in_process("test", "--model", "no_such_model", "--data", "demo")
     assert unknown.returncode != 0 and "no_such_model" in unknown.stderr
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from test_bootstrap_units import expanded, feed_keyed, patient_inputs
-from test_predictions import cli
+from test_cli import in_process
 
 from xbench_pl.commands.compare import bootstrap_p_value, paired_bootstrap
 from xbench_pl.metrics import BenchmarkMetrics
@@ -86,10 +86,10 @@ def test_runs_on_other_images_are_refused():
 def test_compare_command_on_two_stores(tmp_path):
     common = ["--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--model.bootstrap", "0"]
     for name, model in (("a", "fixture_models.IntensityModel"), ("b", "center")):
-        run = cli("test", "--model", model, *common, "--out", str(tmp_path / f"run_{name}"),
+        run = in_process("test", "--model", model, *common, "--out", str(tmp_path / f"run_{name}"),
                   "--predictions", str(tmp_path / f"store_{name}"), "--predictions_dtype", "float32")
         assert run.returncode == 0, run.stderr[-3000:]
-    result = cli("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
+    result = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
                  "--out", str(tmp_path / "cmp"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
@@ -102,7 +102,7 @@ def test_compare_command_on_two_stores(tmp_path):
         if row["diff"] is not None:
             assert row["diff"] == pytest.approx(ran[0][key] - ran[1][key]) and 0 < row["p"] <= 1
     assert "| pointing_game |" in (tmp_path / "cmp" / "compare.md").read_text()
-    missing = cli("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "nothing"))
+    missing = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "nothing"))
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0 and "no prediction store" in missing.stderr
-    alone = cli("compare", "--predictions", str(tmp_path / "store_a"))
+    alone = in_process("compare", "--predictions", str(tmp_path / "store_a"))
     assert alone.returncode == 2 and "--predictions A B" in alone.stderr

@@ -1,7 +1,7 @@
 """DeViDe: the inferred architecture (ViT-B/16 in the vit-base-patch16-224-in21k layout + KAD's text
 encoder and decoder), its checkpoint layout, and end-to-end runs of ``--model devide`` through the
-CLI with random weights (1 process at full size; 1 vs 2 DDP processes on a tiny architecture, in
-subprocesses: never DDP inside pytest).
+CLI with random weights (1 process at full size, in this process; 1 vs 2 DDP processes on a tiny
+architecture, in subprocesses: never DDP inside pytest).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import kad_reference
 import xbench_pl
+from test_cli import in_process
 from test_kad import TINY_BERT, released_layout, tiny_architecture, tokenizer_dir, write_json  # noqa: F401  (fixture)
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from xbench_pl.models import devide
@@ -141,7 +142,7 @@ def cli(*args, timeout=900):
 
 def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
     """The registered full-size model, random weights, on the 12 demo images."""
-    result = cli("test", "--model", "devide", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
+    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
                  "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
@@ -156,7 +157,7 @@ def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
 
 
 def test_cli_devide_needs_a_local_tokenizer(tmp_path):
-    result = cli("test", "--model", "devide", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "Med-KEBERT" in result.stderr
 
 
@@ -168,7 +169,7 @@ def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir
     torch.save(released_layout(DeViDe(architecture, random_init=True, tokenizer=tokenizer_dir)), checkpoint)
     common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.tokenizer", tokenizer_dir,
               "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    one = cli(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
+    one = in_process(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     two = cli(*common, "--model.checkpoint", str(checkpoint), "--trainer.devices", "2", "--trainer.strategy", "ddp",
               "--out", str(tmp_path / "two"))

@@ -286,17 +286,19 @@ def test_options_are_checked():
 
 def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_path):
     """A tuning run on some demo images gives tau per finding; applied to the others, 1 vs 2 DDP processes
-    give the same metrics.json (new keys, bootstrap intervals, size strata) byte for byte."""
-    from test_cli import cli, one_and_two_processes
+    give the same metrics.json (new keys, bootstrap intervals, size strata, CheXlocalize's metrics through a
+    cropping model's affine) byte for byte."""
+    from test_cli import in_process, one_and_two_processes
 
     from xbench_pl.data.nih_bbox import DemoDataModule
+    from xbench_pl.metrics.chexlocalize import CXL_KEYS
 
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     (tmp_path / "tune.csv").write_text("image_id\n" + "\n".join(ids[:5]) + "\n")
     (tmp_path / "test.csv").write_text("image_id\n" + "\n".join(ids[5:]) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.batch_size", "2",
               "--trainer.accelerator", "cpu", "--model.bootstrap", "300"]
-    tune = cli(*common, "--data.split_file", str(tmp_path / "tune.csv"), "--out", str(tmp_path / "tune"))
+    tune = in_process(*common, "--data.split_file", str(tmp_path / "tune.csv"), "--out", str(tmp_path / "tune"))
     assert tune.returncode == 0, tune.stderr[-3000:]
     tuned = json.loads((tmp_path / "tune" / "metrics.json").read_text())["datasets"]["demo"]
     assert "no tuning run" in tuned["tuning"]["note"] and tuned["mean"]["dice_tuned"] is None
@@ -313,7 +315,8 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     # the demo's images carry NIH patient ids: patients are resampled, and recognition keys get intervals too
     assert demo["ci"]["unit"] == "patient" and demo["ci"]["mean"]["auroc"] is not None and demo["ci"]["mean"]["dice_lift"] is not None
     assert demo["mean"]["neg_fp_rate"] is not None and demo["ci"]["mean"]["neg_mass"] is not None
-    assert demo["ci"]["mean"]["cxl_hit_rate"] is not None
+    assert demo["ci"]["mean"]["cxl_hit_rate"] is not None and all(demo["mean"][k] is not None for k in CXL_KEYS)
     assert demo["by_size"]["bounds"] == [0.02, 0.08]
     assert sum(demo["by_size"]["mean"][s]["n_regions"] for s in ("small", "medium", "large")) == demo["mean"]["n_regions"]
-    assert "bootstrap intervals" in (tmp_path / "one" / "metrics.md").read_text()
+    table = (tmp_path / "one" / "metrics.md").read_text()
+    assert "bootstrap intervals" in table and "cxl_miou" in table

@@ -1,6 +1,7 @@
 """The prediction store (test --predictions DIR), --resume after SIGKILL, and score, end to end.
 
-CLI runs are subprocesses (DDP inside pytest would re-run the session). The model is
+Runs that test the process (SIGKILL, DDP, which inside pytest would re-run the session) are
+subprocesses; the others run in this process (``test_cli.in_process``). The model is
 ``fixture_store.StoppableIntensityModel`` (weight-free, pixel-dependent scores and 14 x 14
 maps) on the synthetic demo (12 boxed images, 8 findings), batches of 3.
 """
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from test_cli import in_process
 
 from xbench_pl.data.base import XBenchDataset
 from xbench_pl.data.nih_bbox import DemoDataModule
@@ -35,7 +38,7 @@ def cli(*args, timeout=300, **extra):
 
 
 def run_test(out: Path, *extra, **environ):
-    result = cli("test", *MODEL, *COMMON, "--out", str(out), *extra, **environ)
+    result = in_process("test", *MODEL, *COMMON, "--out", str(out), *extra, **environ)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -114,11 +117,11 @@ def test_store_layout_and_score_equals_test(reference, tmp_path):
     assert bad == [] and [len(s["image_ids"]) for s in good] == [3, 3, 3, 3]
     assert good[0]["saliency"].shape == (3, 8, 14, 14) and good[0]["saliency"].dtype == torch.float32
     assert good[0]["scores"].dtype == torch.float64 and good[0]["affine"].shape == (3, 4) and good[0]["input_size"] == 56
-    scored = cli("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
+    scored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert metrics(tmp_path / "score") == metrics(run)  # no model: the store and the regions alone, bit-identical
     # new metric settings without the model: another normalisation changes the thresholded numbers, not the Pointing Game
-    other = cli("score", "--predictions", str(store), "--normalize", "max", "--out", str(tmp_path / "max"))
+    other = in_process("score", "--predictions", str(store), "--normalize", "max", "--out", str(tmp_path / "max"))
     assert other.returncode == 0, other.stderr[-3000:]
     a, b = (json.loads((f / "metrics.json").read_text()) for f in (run, tmp_path / "max"))
     assert b["config"]["model"]["init_args"]["normalize"] == "max"
@@ -152,7 +155,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, tmp_path):
     good, bad = Store(store).load()
     stored = sorted(i for s in good for i in s["image_ids"])
     assert bad == [] and len(stored) == 6 and not (tmp_path / "resumed" / "metrics.json").exists()
-    resumed = cli(*args, "--resume", "true", XBENCH_TEST_LOG=str(log))
+    resumed = in_process(*args, "--resume", "true", XBENCH_TEST_LOG=str(log))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     computed = log.read_text().split()
     assert len(computed) == 6 and not set(computed) & set(stored)  # only the rest was computed
@@ -169,7 +172,7 @@ def test_a_damaged_shard_is_never_trusted_and_its_images_are_redone(reference, t
     data = bytearray(shards[2].read_bytes())
     data[len(data) // 2] ^= 0xFF  # altered
     shards[2].write_bytes(bytes(data))
-    scored = cli("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
+    scored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
     assert scored.returncode == 1 and shards[1].name in scored.stderr and "--resume" in scored.stderr
     log = tmp_path / "computed.txt"
     resumed = run_test(tmp_path / "resumed", "--predictions", str(store), "--predictions_dtype", "float32",
@@ -178,23 +181,23 @@ def test_a_damaged_shard_is_never_trusted_and_its_images_are_redone(reference, t
     assert len(log.read_text().split()) == 6  # the damaged shards' images, computed again
     assert sorted(p.name for p in (store / "corrupt").iterdir()) == sorted(p.name for p in shards[1:3])
     assert metrics(tmp_path / "resumed") == metrics(run)
-    rescored = cli("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
+    rescored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
     assert rescored.returncode == 0, rescored.stderr[-3000:]
     assert metrics(tmp_path / "score") == metrics(run)
 
 
 def test_a_store_refuses_another_config_and_an_unasked_resume(reference, tmp_path):
     _, store = reference
-    other = cli("test", "--model", "center", *COMMON, "--out", str(tmp_path), "--predictions", str(store),
+    other = in_process("test", "--model", "center", *COMMON, "--out", str(tmp_path), "--predictions", str(store),
                 "--predictions_dtype", "float32", "--resume", "true")
     assert other.returncode == 2 and "written by another configuration" in other.stderr and "model_name" in other.stderr
-    again = cli("test", *MODEL, *COMMON, "--out", str(tmp_path), "--predictions", str(store), "--predictions_dtype", "float32")
+    again = in_process("test", *MODEL, *COMMON, "--out", str(tmp_path), "--predictions", str(store), "--predictions_dtype", "float32")
     assert again.returncode == 2 and "already holds 12 image(s); pass --resume" in again.stderr
-    half = cli("test", *MODEL, *COMMON, "--out", str(tmp_path), "--predictions", str(store), "--resume", "true")
+    half = in_process("test", *MODEL, *COMMON, "--out", str(tmp_path), "--predictions", str(store), "--resume", "true")
     assert half.returncode == 2 and "dtype: 'float32' -> 'float16'" in half.stderr
-    no_store = cli("test", *MODEL, *COMMON, "--out", str(tmp_path), "--resume", "true")
+    no_store = in_process("test", *MODEL, *COMMON, "--out", str(tmp_path), "--resume", "true")
     assert no_store.returncode == 2 and "--resume continues a prediction store" in no_store.stderr
-    missing = cli("score", "--predictions", str(tmp_path / "nothing"))
+    missing = in_process("score", "--predictions", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no prediction store" in missing.stderr
 
 
@@ -206,12 +209,13 @@ def test_two_process_ddp_resumes_a_store_and_it_rescores_to_the_same_numbers(ref
         shard.unlink()  # 6 of the 12 images left, as after a crash
     before = set(Store(store).shard_paths())
     log = tmp_path / "computed.txt"
-    run_test(tmp_path / "ddp", "--predictions", str(store), "--predictions_dtype", "float32", "--resume", "true",
-             "--trainer.devices", "2", "--trainer.strategy", "ddp", XBENCH_TEST_LOG=str(log))
+    ddp = cli("test", *MODEL, *COMMON, "--out", str(tmp_path / "ddp"), "--predictions", str(store), "--predictions_dtype",
+              "float32", "--resume", "true", "--trainer.devices", "2", "--trainer.strategy", "ddp", XBENCH_TEST_LOG=str(log))
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
     new = set(Store(store).shard_paths()) - before
     assert sorted(p.name.split("-")[1] for p in new) == ["rank0", "rank1"]  # each rank wrote its own shard
     assert len(log.read_text().split()) == 6  # the two ranks computed only the missing images, once each
     assert metrics(tmp_path / "ddp") == metrics(run)  # stored images replayed over both ranks: byte for byte
-    scored = cli("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
+    scored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert metrics(tmp_path / "score") == metrics(run)
