@@ -9,6 +9,7 @@ import sys
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -28,11 +29,13 @@ def cli(*args, timeout=300):
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:
     """``cli(*args)`` run by ``main`` in this process with ``environ`` added to the environment: its exit
-    status, stdout and stderr, warnings on stderr as the command line prints them (``warning: ...``)."""
+    status, stdout and stderr, warnings on stderr as the command line prints them (``warning: ...``). pytest's
+    own arguments are out of ``sys.argv`` meanwhile, as they are out of the command line."""
     out, err, saved = io.StringIO(), io.StringIO(), {name: os.environ.get(name) for name in environ}
     os.environ.update(environ)
     try:
-        with warnings.catch_warnings(record=True) as caught, redirect_stdout(out), redirect_stderr(err):
+        with (warnings.catch_warnings(record=True) as caught, redirect_stdout(out), redirect_stderr(err),
+              mock.patch.object(sys, "argv", sys.argv[:1])):
             warnings.simplefilter("always")
             try:
                 code = main(list(args))

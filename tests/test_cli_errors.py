@@ -1,6 +1,7 @@
 """The CLI speaks plainly: one ``error:`` line and exit 2 for user errors, quiet runs, reports that
-say what they are (random weights, skipped inputs, provenance). Real commands run in subprocesses;
-error messages that need no trainer are also checked in-process (``main``), which is fast."""
+say what they are (random weights, skipped inputs, provenance). What the process shows (exit status, its
+whole stderr, Lightning's console chatter) is checked in subprocesses; the rest in this process (``main``),
+which is fast."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
-from test_cli import cli
+from test_cli import cli, in_process
 
 from xbench_pl.commands import COMMANDS, SUMMARIES, TRAINER_COMMANDS, main
 
@@ -37,7 +38,7 @@ def run(capsys, *argv):
 def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path):
     missing = cli("test", "--model", "clip", "--model.checkpoint", str(tmp_path / "ViT-B-16.pt"), "--data", "demo")
     assert (missing.returncode, missing.stderr) == (2, f"error: --model: checkpoint not found: {tmp_path / 'ViT-B-16.pt'}\n")
-    bad_value = cli("test", "--model", "center", "--model.sigma", "abc", "--data", "demo")
+    bad_value = in_process("test", "--model", "center", "--model.sigma", "abc", "--data", "demo")
     assert (bad_value.returncode, bad_value.stderr) == (2, "error: --model.sigma: expected a float, got 'abc'\n")
     # --debug shows the traceback instead
     debug = cli("test", "--model", "center", "--data", "nih_bbox", "--debug")
@@ -118,9 +119,9 @@ def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
 
 
 def test_saved_print_config_keeps_the_registered_name(nih, tmp_path):
-    shown = cli("test", "--model", "center", "--data", "nih_bbox", "--data.root", str(nih), "--data.on_error", "skip", "--print_config")
+    shown = in_process("test", "--model", "center", "--data", "nih_bbox", "--data.root", str(nih), "--data.on_error", "skip", "--print_config")
     assert shown.returncode == 0 and "model_name: center" in shown.stdout
     (tmp_path / "run.yaml").write_text(shown.stdout)
-    rerun = cli("test", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
+    rerun = in_process("test", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["model"] == "center"

@@ -4,7 +4,7 @@ size's variant; any other size, and any size for a fixed-size model, is refused 
 import pytest
 
 import xbench_pl
-from test_cli import cli
+from test_cli import in_process
 from xbench_pl.models.local_files import sized_architecture
 
 
@@ -32,6 +32,6 @@ def test_kad_takes_the_variant_of_the_size(tmp_path):
 
 
 def test_cli_refusal_is_one_line(tmp_path):
-    result = cli("test", "--model", "medklip", "--model.image_size", "448", "--data", "demo", "--out", str(tmp_path))
+    result = in_process("test", "--model", "medklip", "--model.image_size", "448", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --model: MedKLIP cannot run at image_size=448: it exists at [224] px only")
