@@ -247,6 +247,7 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
     assert {k: record["validation"][-1]["mean"]["demo"][k] for k in last} == last
 
 
+@pytest.mark.filterwarnings("ignore:`max_epochs` was not set")  # the refused fit of center gives none
 def test_fit_usage_errors_are_one_line(clip_config, capsys, tmp_path):
     out = ["--out", str(tmp_path)]  # the datamodule writes the split before the model says it has nothing to fit
     base = ["fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true", *out]

@@ -265,6 +265,7 @@ def test_table_values_match_direct_per_pair_means():
     assert set(table["by_size"]["classes"]["A"]["small"]) == set(pair_keys()) | {"n_regions"}
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric .* was called before the ``update``")  # the refused one
 def test_no_tuning_run_is_said_not_silently_replaced():
     x = bench_inputs(seed=12)
     bench = BenchmarkMetrics(["A", "B", "C"], bootstrap=0)

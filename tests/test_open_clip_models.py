@@ -312,6 +312,7 @@ def test_checkpoint_round_trip(tiny_clip, tiny_clip_config, tmp_path, layout):
     outputs_equal(tiny_clip, loaded)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.(script|save)` is deprecated")  # OpenAI's archives are TorchScript
 def test_openai_torchscript_archive(tiny_clip, tiny_clip_config, tmp_path):
     """A JIT archive with OpenAI's layout: fp16 weights plus input_resolution/context_length/vocab_size entries.
 
