@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.classification import BinaryCalibrationError
 
-from test_cli import cli
+from test_cli import cli, in_process
 from xbench_pl.callbacks.heatmaps import Sample, SampleBook, sample_key
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import BenchmarkMetrics, Recognition
@@ -95,7 +95,7 @@ def test_sample_choice_is_the_same_for_any_split_and_bounded():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same 11-image demo split: without callbacks, with the PNG preset on 1 and on 2 DDP processes,
-    and with the W&B preset (offline)."""
+    and with the W&B preset (offline); DDP and W&B (which starts its own service) in subprocesses."""
     tmp = tmp_path_factory.mktemp("callbacks")
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     split = tmp / "split.csv"
@@ -106,8 +106,8 @@ def runs(tmp_path_factory):
     preset.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
     png = ["--config", str(preset)]
     results = {
-        "plain": cli(*common, "--out", str(tmp / "plain")),
-        "png": cli(*common, *png, "--out", str(tmp / "png")),
+        "plain": in_process(*common, "--out", str(tmp / "plain")),
+        "png": in_process(*common, *png, "--out", str(tmp / "png")),
         "png_ddp": cli(*common, *png, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp / "png_ddp")),
         "wandb": cli(*common, "--config", "callbacks/wandb.yaml", "--out", str(tmp / "wandb")),  # W&B's run under --out
     }
