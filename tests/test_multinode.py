@@ -1,5 +1,6 @@
 """Multi-node through Lightning: 2 "nodes" x 1 process on localhost (Lightning's cluster environment
-variables, as a job script sets them) give the metrics.json of one process. CLI subprocesses only."""
+variables, as a job script sets them) give the metrics.json of one process (this one: the nodes are
+subprocesses)."""
 
 import json
 import os
@@ -7,6 +8,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from test_cli import in_process
 
 from xbench_pl.data.nih_bbox import DemoDataModule
 
@@ -32,9 +35,8 @@ def test_two_nodes_one_process_each_equal_one_process(tmp_path):
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu", "--model.bootstrap", "50"]
-    one = launch([*common, "--out", str(tmp_path / "one")])
-    out, err = one.communicate(timeout=300)
-    assert one.returncode == 0, err[-3000:]
+    one = in_process(*common, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
     port = str(free_port())
     nodes = [launch([*common, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.strategy", "ddp",
                      "--out", str(tmp_path / f"node{rank}")],
