@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import REPO, cli
+from test_cli import REPO, cli, in_process
 
 from xbench_pl.commands import main
 from xbench_pl.outputs import OutputError, check_writable
@@ -37,7 +37,7 @@ def test_an_unwritable_out_fails_within_seconds_before_any_model_is_built(tmp_pa
     assert (under_a_file.returncode, under_a_file.stderr) == (
         2, f"error: --out {a_file / 'results'}: cannot create it: {a_file} is a file, not a folder; choose another folder\n")
     assert time.monotonic() - started < 60  # Python and Lightning's imports, no benchmark
-    is_a_file = cli("fit", *model, "--out", str(a_file))
+    is_a_file = in_process("fit", *model, "--out", str(a_file))
     assert (is_a_file.returncode, is_a_file.stderr) == (2, f"error: --out {a_file}: it is a file, not a folder; choose another folder\n")
 
 
