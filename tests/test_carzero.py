@@ -374,7 +374,7 @@ def test_text_cache_and_overrides(tiny_config, tokenizer_dir):
 
 def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
     result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
-                 "--model.architecture", tiny_config, "--model.trust_checkpoint", "false", "--data", "demo", "--out", str(tmp_path))
+                        "--model.architecture", tiny_config, "--model.trust_checkpoint", "false", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["random_weights"] is True

@@ -87,10 +87,10 @@ def test_compare_command_on_two_stores(tmp_path):
     common = ["--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--model.bootstrap", "0"]
     for name, model in (("a", "fixture_models.IntensityModel"), ("b", "center")):
         run = in_process("test", "--model", model, *common, "--out", str(tmp_path / f"run_{name}"),
-                  "--predictions", str(tmp_path / f"store_{name}"), "--predictions_dtype", "float32")
+                         "--predictions", str(tmp_path / f"store_{name}"), "--predictions_dtype", "float32")
         assert run.returncode == 0, run.stderr[-3000:]
     result = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
-                 "--out", str(tmp_path / "cmp"))
+                        "--out", str(tmp_path / "cmp"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     demo = report["datasets"]["demo"]

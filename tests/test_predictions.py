@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_cli import in_process
 
 from xbench_pl.data.base import XBenchDataset
@@ -189,7 +188,7 @@ def test_a_damaged_shard_is_never_trusted_and_its_images_are_redone(reference, t
 def test_a_store_refuses_another_config_and_an_unasked_resume(reference, tmp_path):
     _, store = reference
     other = in_process("test", "--model", "center", *COMMON, "--out", str(tmp_path), "--predictions", str(store),
-                "--predictions_dtype", "float32", "--resume", "true")
+                       "--predictions_dtype", "float32", "--resume", "true")
     assert other.returncode == 2 and "written by another configuration" in other.stderr and "model_name" in other.stderr
     again = in_process("test", *MODEL, *COMMON, "--out", str(tmp_path), "--predictions", str(store), "--predictions_dtype", "float32")
     assert again.returncode == 2 and "already holds 12 image(s); pass --resume" in again.stderr
