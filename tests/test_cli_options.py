@@ -146,14 +146,20 @@ def test_help_of_the_other_commands_lists_their_options(capsys, argv, options):
 
 
 def test_help_starts_without_lightning():
-    """The dispatcher's help and the help of every command without a Trainer import no Lightning."""
+    """The dispatcher's help and the help of every command without a Trainer import no Lightning: one fresh
+    process shows them one after the other, saying after each whether Lightning was imported so far."""
     commands = [[], *[[c] for c in SUMMARIES if c not in TRAINER_COMMANDS], ["score", "--maps", "DIR"]]
-    for command in commands:
-        probe = ("import atexit, sys; atexit.register(lambda: print('lightning' in sys.modules, file=sys.stderr)); "
-                 f"from xbench_pl.commands import main; sys.exit(main({[*command, '--help']!r}))")
-        result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0 and "usage:" in result.stdout, (command, result.stderr[-2000:])
-        assert result.stderr.strip().splitlines()[-1] == "False", command
+    probe = ("import sys\nfrom xbench_pl.commands import main\n"
+             f"for command in {commands!r}:\n"
+             "    try:\n        code = main([*command, '--help'])\n"
+             "    except SystemExit as exit_:\n        code = exit_.code\n"
+             "    print(f'{command} exit {code} lightning {\"lightning\" in sys.modules}', file=sys.stderr)\n"
+             "    print('--- end of help ---', flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [f"{command} exit 0 lightning False" for command in commands]
+    helps = result.stdout.split("--- end of help ---")[:-1]
+    assert len(helps) == len(commands) and all("usage:" in text for text in helps), result.stdout[-2000:]
 
 
 def test_compare_with_one_store_says_two_are_needed(capsys, tmp_path):
