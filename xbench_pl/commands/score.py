@@ -36,7 +36,7 @@ from xbench_pl.external_maps import grounding_only, index_maps, read_scores, sco
 from xbench_pl.geometry import Preprocess
 from xbench_pl.predictions import Store, StoreError, compute_tables, metrics_replayer, model_name, rescore
 from xbench_pl.registry import read_config, resolve_class
-from xbench_pl.report import publish_scores
+from xbench_pl.report import parse_columns, publish_scores
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
 
@@ -118,6 +118,15 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     return SimpleNamespace(store=store, stored=stored, config=config, datamodule=datamodule_class(**chosen), metrics=metrics, args=args)
 
 
+def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
+    """``--columns all|KEY,...`` (the printed table's, ``report.parse_columns``) and the rest; UsageProblem if unknown."""
+    text, rest = take_option(argv, "--columns")
+    try:
+        return parse_columns(text), rest
+    except ValueError as error:
+        raise UsageProblem(f"--columns: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -127,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     if folder is None:
         if any(a in ("-h", "--help") for a in rest):
             print(f"usage: {PROG} score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] "
-                  f"[--fixed_threshold T] [--score_threshold T]\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
+                  f"[--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}")
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
     try:
+        columns, rest = take_columns(rest)
         run = open_store(folder, rest)
     except UsageProblem as error:
         print(f"error: {error}", file=sys.stderr)
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     out = publish_scores(run.args.out, started, str(Path(folder)),
                          model=model_name(run.stored),
                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
-                         random_weights=bool(run.stored.get("random_weights")))
+                         random_weights=bool(run.stored.get("random_weights")), columns=columns)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 
@@ -159,10 +169,15 @@ def score_maps(argv: list[str]) -> int:
     name, rest = take_option(rest, "--data")
     if any(a in ("-h", "--help") for a in rest):
         print(f"usage: {PROG} score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
-              f"[--normalize M] [--fixed_threshold T] [--score_threshold T]\n\n{MAPS_HELP.split(chr(10) + chr(10), 1)[1]}")
+              f"[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]\n\n{MAPS_HELP.split(chr(10) + chr(10), 1)[1]}")
         return 0
     if folder is None or name is None:
         print(f"error: score --maps DIR needs --data NAME (the dataset the maps are of)", file=sys.stderr)
+        return 2
+    try:
+        columns, rest = take_columns(rest)
+    except UsageProblem as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     folder = Path(folder)
     if not folder.is_dir():
@@ -207,7 +222,7 @@ def score_maps(argv: list[str]) -> int:
                         "preprocess": preprocess_config,
                         "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
     out = publish_scores(args.out, started, str(folder), model=f"maps:{folder.name}", results=results,
-                         problems=datamodule_problems(datamodule), config=config)
+                         problems=datamodule_problems(datamodule), config=config, columns=columns)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
           f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
     return 0

@@ -413,7 +413,7 @@ def _note_compiling() -> None:
     global _COMPILE_NOTED
     if not _COMPILE_NOTED:
         _COMPILE_NOTED = True
-        if not cached_on_disk(v for v in globals().values() if isinstance(v, numba.core.dispatcher.Dispatcher)):
+        if not cached_on_disk([_fused_kernel]):  # the one every run calls, and most of the compile time
             note("compiling the metric kernels (numba; first run only, about 20 s, then cached on disk)")
 
 
