@@ -114,6 +114,7 @@ def runs(tmp_path_factory):
     }
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
+    (tmp / "wandb_console.txt").write_text(results["wandb"].stdout + results["wandb"].stderr)
     return tmp
 
 
@@ -179,3 +180,6 @@ def test_wandb_offline_run_holds_the_media_and_table(runs):
     table = json.loads(tables[0].read_text())
     assert table["columns"][:2] == ["finding", "pointing_game"] and "ece" in table["columns"]
     assert [row[0] for row in table["data"]][-1] == "mean"
+    console = (runs / "wandb_console.txt").read_text()  # W&B quiet: no "wandb:" chatter, no terminal codes; one line
+    assert "wandb:" not in console and "\x1b[" not in console
+    assert f"W&B run saved offline in {run_dirs[0]} (upload: wandb sync {run_dirs[0]})" in console

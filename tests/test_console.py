@@ -3,11 +3,13 @@ progress lines where the output is a pipe, no terminal codes, and the notes of a
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 from test_cli import cli
 
+from xbench_pl.callbacks import wandb_defaults
 from xbench_pl.commands import main
 from xbench_pl.console import ProgressLines
 from xbench_pl.data.synthetic import ensure_demo
@@ -62,6 +64,24 @@ def test_chosen_columns_and_unknown_keys(tmp_path, capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("source", ["--predictions", "--maps"])
+def test_score_refuses_an_unknown_column(tmp_path, capsys, source):
+    assert main(["score", source, str(tmp_path), "--data", "demo", "--columns", "pointing_game,pg"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --columns: unknown key 'pg'; give all or keys among: pointing_game,") and err.count("\n") == 1
+
+
+def test_wandb_is_offline_and_quiet_unless_the_user_says_otherwise(monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_SWEEP_ID", "WANDB_SILENT", "WANDB_CONSOLE"):
+        monkeypatch.delenv(name, raising=False)
+    wandb_defaults()
+    assert [os.environ[n] for n in ("WANDB_MODE", "WANDB_SILENT", "WANDB_CONSOLE")] == ["offline", "true", "off"]
+    monkeypatch.setenv("WANDB_SILENT", "false")
+    monkeypatch.setenv("WANDB_CONSOLE", "wrap")
+    wandb_defaults()
+    assert (os.environ["WANDB_SILENT"], os.environ["WANDB_CONSOLE"]) == ("false", "wrap")
+
+
 def test_a_user_given_progress_bar_wins(tmp_path, capfd):
     assert main(["test", "--model", "location_prior", "--data", "demo", "--trainer.callbacks",
                  "lightning.pytorch.callbacks.TQDMProgressBar", "--out", str(tmp_path)]) == 0
@@ -106,6 +126,16 @@ def test_progress_lines_every_tenth_and_at_the_end(capsys):
     assert [line.split(":")[1].split()[0] for line in lines] == ["3/25", "6/25", "9/25", "12/25", "15/25", "18/25",
                                                                   "21/25", "24/25", "25/25"]
     assert lines[0].endswith("left") and "left" not in lines[-1]
+
+
+def test_progress_lines_wait_for_a_long_loop(capsys, monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 5.0, 6.0])  # start, then one reading per line due
+    monkeypatch.setattr("xbench_pl.console.time.monotonic", lambda: next(clock))
+    progress = ProgressLines("report", 4, "runs", every=1, after=3.0)
+    for _ in range(4):
+        progress.step()
+    assert [line.split(",")[0] for line in capsys.readouterr().err.splitlines()] == ["report: 3/4 runs (75 %)",
+                                                                                  "report: 4/4 runs (100 %)"]
 
 
 def test_the_kernels_say_once_that_they_compile(tmp_path, monkeypatch, capsys):

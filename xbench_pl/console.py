@@ -15,6 +15,8 @@ from datetime import timedelta
 
 #: the console width where stdout is no terminal and ``COLUMNS`` is unset (logs, pipes)
 DEFAULT_WIDTH = 120
+#: a command's loops (score, compare, report) say nothing before this: short inputs need no progress
+QUIET_SECONDS = 3.0
 
 
 def is_rank_zero() -> bool:
@@ -44,10 +46,12 @@ def _clock(seconds: float) -> str:
 class ProgressLines:
     """``LABEL: DONE/TOTAL UNIT (P %), ELAPSED elapsed, ~LEFT left`` every ``every`` steps and when the loop
     ends (``note``). ``every`` (default): a tenth of the loop, at most 50 steps, so a long run still shows
-    a line every few minutes; 50 where the total is unknown."""
+    a line every few minutes; 50 where the total is unknown. No line before ``after`` seconds: a loop that
+    ends sooner says nothing."""
 
-    def __init__(self, label: str, total: float | None, unit: str = "batches", every: int | None = None):
-        self.label, self.unit = label, unit
+    def __init__(self, label: str, total: float | None, unit: str = "batches", every: int | None = None,
+                 after: float = 0.0):
+        self.label, self.unit, self.after = label, unit, after
         self.total = int(total) if total is not None and math.isfinite(total) else None
         self.every = every or (max(1, min(50, math.ceil(self.total / 10))) if self.total else 50)
         self.done = 0
@@ -59,6 +63,8 @@ class ProgressLines:
         if self.done // self.every == before // self.every and self.done != self.total:
             return
         elapsed = time.monotonic() - self.started
+        if elapsed < self.after:
+            return
         if self.total:
             line = f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done // self.total} %), {_clock(elapsed)} elapsed"
             if self.done < self.total:

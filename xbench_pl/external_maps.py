@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xbench_pl.console import ProgressLines
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.data.io import read_image_size
@@ -192,7 +192,7 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
                         f"({len(child.problems)} problem(s))")
     dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
     all_scored = True
-    progress = ProgressLines(f"{child.name} maps", len(kept), "images")
+    progress = ProgressLines(f"{child.name} maps", len(kept), "images", after=QUIET_SECONDS)
     for start in range(0, len(kept), chunk):
         part = kept[start:start + chunk]
         groups: dict[tuple[int, int], list] = {}

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xbench_pl.console import ProgressLines
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 
@@ -300,7 +300,7 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
         seen: set[str] = set()
-        progress = ProgressLines(f"{child.name} from {store.root}", len(dataset), "images")
+        progress = ProgressLines(f"{child.name} from {store.root}", len(dataset), "images", after=QUIET_SECONDS)
         for shard in good:
             if shard["dataset"] == child.name:
                 fed = replay(replayer, dataset, shard, skip=seen, chunk=chunk)

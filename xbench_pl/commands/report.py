@@ -30,7 +30,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from xbench_pl.console import ProgressLines
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
@@ -215,7 +215,8 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     not cut at the axes, and points on one place are one marker whose area counts them (``stacked``)."""
     points = auroc_pg_points(runs)
     fit = fit_line([p[3] for p in points], [p[4] for p in points])
-    fig = _figure(6, 4.4)
+    columns = 2 if max(len(run.name) for run in runs) <= 40 else 1  # the legend's: as wide as the figure at most
+    fig = _figure(6, 4.4 + 0.16 * math.ceil((len(runs) + 1) / columns))  # room for the legend's rows
     ax = fig.add_subplot()
     placed = {run.name: stacked([p[3] for p in points if p[0] == run.name], [p[4] for p in points if p[0] == run.name])
               for run in runs}
@@ -232,48 +233,38 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     ax.set_title(f"Recognition against grounding: {len(points)} (model, dataset, finding) points"
                  + ("\n(a larger marker: several points on one place)" if merged else ""), fontsize=9)
     ax.grid(alpha=0.3)
-    if points:
-        ax.legend(fontsize=7, loc="lower right", markerscale=0.8)
+    if points:  # below the axes: over them it would hide points
+        fig.legend(fontsize=7, loc="outside lower center", ncols=columns, markerscale=0.8)
     fig.savefig(path)
     return fig, {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
 
 
-def overlapping(texts, renderer) -> bool:
-    """Whether any two of the drawn ``texts`` (e.g. tick labels) overlap."""
-    boxes = [t.get_window_extent(renderer) for t in texts if t.get_text()]
-    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-
-
 def figure_dice_gap(runs: list[Run], path: Path):
-    """Fig. 4, returned. A bar's label is its model and dataset on two lines, each wrapped to the bar's width;
-    labels that would still overlap are written on one line, turned 45°."""
+    """Fig. 4, returned: a pair of horizontal bars per (model, dataset), labelled on the left by its model and
+    dataset, each wrapped, one row per pair however many there are (labels never overlap)."""
     import textwrap
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     labels, fixed, best = [], [], []
     for run in runs:
         for dataset, table in run.metrics["datasets"].items():
-            labels.append((run.name, dataset))
+            labels.append("\n".join(textwrap.fill(part, 32) for part in (run.name, dataset)))
             fixed.append(table["mean"].get("dice@0.5") or 0.0)
             best.append(table["mean"].get("dice_best") or 0.0)
-    fig = _figure(min(16, max(4.5, 1.1 * len(labels) + 1.5)), 4.5)
+    lines = max(label.count("\n") + 1 for label in labels) if labels else 1
+    fig = _figure(7, 1.4 + len(labels) * max(0.3, 0.13 * lines))  # every row room for the longest label's lines
     ax = fig.add_subplot()
-    xs = list(range(len(labels)))
-    ax.bar([x - 0.2 for x in xs], fixed, width=0.4, label="Dice at τ = 0.5", color="tab:gray")
-    ax.bar([x + 0.2 for x in xs], best, width=0.4, label="Dice at tau_best (oracle)", color="tab:green")
-    for x, a, b in zip(xs, fixed, best):
-        ax.annotate(f"Δ {b - a:+.3f}", (x, max(a, b) + 0.02), ha="center", fontsize=7)
-    ax.set_xticks(xs, ["\n".join(textwrap.fill(part, 16) for part in label) for label in labels], fontsize=7)
-    ax.set(ylim=(0, 1), ylabel="mean Dice over findings")
+    ys = list(range(len(labels)))
+    ax.barh([y - 0.2 for y in ys], fixed, height=0.4, label="Dice at τ = 0.5", color="tab:gray")
+    ax.barh([y + 0.2 for y in ys], best, height=0.4, label="Dice at tau_best (oracle)", color="tab:green")
+    for y, a, b in zip(ys, fixed, best):
+        ax.annotate(f"Δ {b - a:+.3f}", (max(a, b) + 0.01, y), va="center", fontsize=7)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.margins(y=0.01)
+    ax.invert_yaxis()  # the first run on top, as in the tables
+    ax.set(xlim=(0, 1), xlabel="mean Dice over findings")
     ax.set_title("Calibration gap: Dice at the fixed threshold vs at the best one", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
-    ax.grid(alpha=0.3, axis="y")
-    renderer = FigureCanvasAgg(fig).get_renderer()  # the one savefig draws with: the labels' drawn extents
-    fig.draw(renderer)
-    if overlapping(ax.get_xticklabels(), renderer):
-        ax.set_xticks(xs, [f"{model} | {dataset}" for model, dataset in labels], fontsize=7, rotation=45, ha="right",
-                      rotation_mode="anchor")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    ax.grid(alpha=0.3, axis="x")
     fig.savefig(path)
     return fig
 
@@ -379,7 +370,7 @@ def build(runs: list[Run], out: Path) -> dict:
             for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
                 md += ["", _md_table(h, r)]
                 doc.append(_html_table(h, r))
-    progress = ProgressLines("report: saved plots and samples", len(runs), "runs")
+    progress = ProgressLines("report: saved plots and samples", len(runs), "runs", after=QUIET_SECONDS)
     for run in runs:
         sections = saved_images(run)
         progress.step()
