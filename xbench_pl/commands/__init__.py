@@ -20,6 +20,7 @@ import time
 import warnings
 
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS
+from xbench_pl.console import is_rank_zero
 
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
@@ -47,10 +48,6 @@ def quiet_lightning(short_warnings: bool = True) -> None:
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
     if short_warnings:
         warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
-
-
-def is_rank_zero() -> bool:
-    return all(int(os.environ.get(v, "0") or 0) == 0 for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 def print_error(message: str) -> None:
