@@ -29,12 +29,12 @@ COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score"
 
 
 def usage() -> str:
-    width = max(len(c) for c in SUMMARIES)
+    options = {"--debug": f"show the traceback of an error (also {DEBUG_ENV}=1)", "-h, --help": "this message"}
+    width = max(len(name) for name in [*SUMMARIES, *options])
     lines = [f"usage: {PROG} COMMAND [options]      ({PROG} COMMAND --help: the command's options)", "",
              "Zero-shot recognition and grounding benchmark of chest X-ray vision-language models.", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
-    lines += ["", "options:", f"  {'--debug':<{width}}  show the traceback of an error (also {DEBUG_ENV}=1)",
-              f"  {'-h, --help':<{width}}  this message"]
+    lines += ["", "options:", *(f"  {name:<{width}}  {text}" for name, text in options.items())]
     return "\n".join(lines)
 
 
