@@ -27,10 +27,10 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands import is_rank_zero
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
+from xbench_pl.console import is_rank_zero
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
