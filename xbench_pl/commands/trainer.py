@@ -74,12 +74,10 @@ def resolve_names(argv: list[str]) -> list[str]:
         if kind and flag.endswith(".help"):
             value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
             out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
-        elif kind and value and is_name(value):
-            out += [flag, str(config_path(kind, value))]
-            if flag == "--model":
-                out += ["--model_name", value]
         elif kind and value:
-            out += [flag, value]
+            out += [flag, str(config_path(kind, value)) if is_name(value) else value]
+            if flag == "--model" and not value.startswith("{"):  # a class path or file names the model too
+                out += ["--model_name", value]
         else:
             out.append(arg)
         i += 1
