@@ -113,6 +113,7 @@ def runs(tmp_path_factory):
     }
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
+    (tmp / "wandb_console.txt").write_text(results["wandb"].stdout + results["wandb"].stderr)
     return tmp
 
 
@@ -178,3 +179,9 @@ def test_wandb_offline_run_holds_the_media_and_table(runs):
     table = json.loads(tables[0].read_text())
     assert table["columns"][:2] == ["finding", "pointing_game"] and "ece" in table["columns"]
     assert [row[0] for row in table["data"]][-1] == "mean"
+    # W&B quiet: no chatter (W&B's warning about Lightning's anonymous=None argument is all it may print), no
+    # terminal codes; our one line says where the run is
+    console = (runs / "wandb_console.txt").read_text()
+    chatter = [line for line in console.splitlines() if line.startswith("wandb:") and "anonymous setting" not in line]
+    assert chatter == [] and "\x1b[" not in console
+    assert f"W&B run saved offline in {run_dirs[0]} (upload: wandb sync {run_dirs[0]})" in console

@@ -13,13 +13,15 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
 
 import carzero_reference as cr
-from test_cli import in_process
 import xbench_pl
+from reference_common import assert_within_float32_roundoff, float64_twin
+from test_cli import in_process
 from xbench_pl.models.carzero import CARZero, checkpoint_filter_fn, clean_caption, word_groups
 from xbench_pl.models.checkpoints import CheckpointError, read_checkpoint
 from xbench_pl.registry import read_config
@@ -48,13 +50,25 @@ def official(official_files):
                                    tokenizer=str(official_files["tokenizer"]), texts=EXTRA)
     reference = torch.load(DATA / "carzero_reference.pt", weights_only=True)
     images = cr.reference_images(seed=0, batch=2)
+    ours, exact = forward(model, images, reference), forward(float64_twin(model), images.double(), reference)
+    return {"model": model, "reference": reference, "ours": ours, "exact": exact}
+
+
+def forward(model: CARZero, images: torch.Tensor, reference: dict) -> dict:
+    """What the reference records, by our model: text and image embeddings, similarities, zero-shot output."""
     with torch.no_grad():
         sentences, words, merged = model.encode_text(list(reference["prompts"]))
         features = model.image.forward_features(images)
         parts = model.similarities(images, tuple(reference["prompts"]))
-    output = model.zero_shot(images, CXR14 + list(EXTRA))
-    return {"model": model, "reference": reference, "sentences": sentences, "words": words, "merged": merged,
-            "features": features, "parts": parts, "output": output}
+    patches = features[:, 1:]
+    return {"sentences": sentences, "words": words, "merged": merged, "image_global": features[:, 0],
+            "image_local_mean_std": torch.stack([patches.mean(), patches.std()]), "parts": parts,
+            "output": model.zero_shot(images, CXR14 + list(EXTRA))}
+
+
+def within_float32_roundoff(official: dict, name: str, ours: Callable[[dict], torch.Tensor], reference: torch.Tensor) -> None:
+    """``ours(forward)`` in float32 and float64 against ``reference`` (see ``assert_within_float32_roundoff``)."""
+    assert_within_float32_roundoff(name, ours(official["ours"]), ours(official["exact"]), reference)
 
 
 def test_shipped_prompts_are_the_authors(official):
@@ -63,31 +77,30 @@ def test_shipped_prompts_are_the_authors(official):
     tokens = model.tokenize(list(reference["prompts"]))
     assert torch.equal(tokens["input_ids"], reference["input_ids"])
     assert torch.equal(tokens["attention_mask"], reference["attention_mask"])
-    assert official["merged"] == [list(w) for w in reference["words"]]
+    assert official["ours"]["merged"] == official["exact"]["merged"] == [list(w) for w in reference["words"]]
 
 
 def test_text_embeddings_equal_the_authors(official):
     reference = official["reference"]
-    torch.testing.assert_close(official["words"], reference["word_embeddings"], rtol=0, atol=1e-5)
-    torch.testing.assert_close(official["sentences"], reference["sentence_embeddings"], rtol=0, atol=1e-5)
+    within_float32_roundoff(official, "word embeddings", lambda f: f["words"], reference["word_embeddings"])
+    within_float32_roundoff(official, "sentence embeddings", lambda f: f["sentences"], reference["sentence_embeddings"])
 
 
 def test_image_embeddings_equal_the_authors(official):
-    reference, features = official["reference"], official["features"]
-    torch.testing.assert_close(features[:, 0], reference["image_global"], rtol=0, atol=1e-5)
-    patches = features[:, 1:]
-    torch.testing.assert_close(torch.stack([patches.mean(), patches.std()]), reference["image_local_mean_std"], rtol=0, atol=1e-5)
+    reference = official["reference"]
+    for key in ("image_global", "image_local_mean_std"):
+        within_float32_roundoff(official, key, lambda f: f[key], reference[key])
 
 
 def test_scores_logits_and_maps_equal_the_authors(official):
-    reference, parts, output = official["reference"], official["parts"], official["output"]
+    reference, output = official["reference"], official["ours"]["output"]
     for key in ("i2t", "t2i"):
-        torch.testing.assert_close(parts[key], reference[key], rtol=0, atol=1e-5)
-    torch.testing.assert_close(parts["attn"], reference["i2t_attention"], rtol=0, atol=1e-6)
+        within_float32_roundoff(official, key, lambda f: f["parts"][key], reference[key])
+    within_float32_roundoff(official, "i2t attention", lambda f: f["parts"]["attn"], reference["i2t_attention"])
     # through the public contract: create_model + zero_shot with canonical finding names
-    torch.testing.assert_close(output.logits, reference["score"], rtol=0, atol=1e-5)
-    torch.testing.assert_close(output.scores, torch.sigmoid(reference["score"]), rtol=0, atol=1e-5)
-    torch.testing.assert_close(output.saliency, reference["maps"], rtol=0, atol=1e-6)
+    within_float32_roundoff(official, "logits", lambda f: f["output"].logits, reference["score"])
+    within_float32_roundoff(official, "scores", lambda f: f["output"].scores, torch.sigmoid(reference["score"]))
+    within_float32_roundoff(official, "maps", lambda f: f["output"].saliency, reference["maps"])
     assert output.saliency.shape == (2, 16, 14, 14) and output.scores.shape == (2, 16)
     assert ((output.scores > 0) & (output.scores < 1)).all()
     # the mapping is monotone: the order of images per class (AUROC) is the raw score's
@@ -95,7 +108,7 @@ def test_scores_logits_and_maps_equal_the_authors(official):
 
 
 def test_scores_do_not_depend_on_the_batch(official):
-    model, output = official["model"], official["output"]
+    model, output = official["model"], official["ours"]["output"]
     single = model.zero_shot(cr.reference_images(seed=0, batch=2)[1:], CXR14 + list(EXTRA))
     torch.testing.assert_close(single.logits, output.logits[1:], rtol=0, atol=1e-5)
     torch.testing.assert_close(single.saliency, output.saliency[1:], rtol=0, atol=1e-6)

@@ -220,6 +220,8 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
     checkpoint = tmp_path / "fit" / "checkpoints" / "last.ckpt"
     assert f"checkpoint: {checkpoint}" in printed and "validation after epoch 0 (3 images)" in printed
     record = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    validated = record["validation"][0]["mean"]["demo"]  # and the line printed when the epoch's validation ended
+    assert f"epoch 0 validation, demo: pointing_game {validated['pointing_game']:.3f} dice@0.5 {validated['dice@0.5']:.3f}" in printed
     assert record["checkpoint"] == str(checkpoint) and [e["epoch"] for e in record["validation"]] == [0]
     assert record["trained_parameters"] == ["model.text_projection", "model.logit_scale"]
     assert (tmp_path / "fit" / "split.csv").read_text().count(",val\n") == 3

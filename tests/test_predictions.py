@@ -120,8 +120,10 @@ def test_store_layout_and_score_equals_test(reference, tmp_path):
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert metrics(tmp_path / "score") == metrics(run)  # no model: the store and the regions alone, bit-identical
     # new metric settings without the model: another normalisation changes the thresholded numbers, not the Pointing Game
-    other = in_process("score", "--predictions", str(store), "--normalize", "max", "--out", str(tmp_path / "max"))
+    other = in_process("score", "--predictions", str(store), "--normalize", "max", "--columns", "pointing_game,dice@0.5",
+                       "--out", str(tmp_path / "max"))
     assert other.returncode == 0, other.stderr[-3000:]
+    assert other.stdout.splitlines()[0].split() == ["|", "dataset", "|", "pointing_game", "|", "dice@0.5", "|"]
     a, b = (json.loads((f / "metrics.json").read_text()) for f in (run, tmp_path / "max"))
     assert b["config"]["model"]["init_args"]["normalize"] == "max"
     assert a["datasets"]["demo"]["mean"]["pointing_game"] == b["datasets"]["demo"]["mean"]["pointing_game"]

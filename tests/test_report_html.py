@@ -17,7 +17,9 @@ import pytest
 from PIL import Image
 
 from xbench_pl.commands import main as cli_main
-from xbench_pl.commands.report import auroc_pg_points, find_runs, fit_line
+from xbench_pl.callbacks.calibration import plot_reliability
+from xbench_pl.commands.report import (COLUMNS_PER_TABLE, auroc_pg_points, figure_auroc_pg, figure_dice_gap, find_runs,
+                                       fit_line)
 
 FINDINGS = ["Atelectasis", "Cardiomegaly", "Nodule", "Pneumothorax"]
 
@@ -116,3 +118,81 @@ def test_report_renders_in_a_headless_browser(report):
 def test_report_refuses_a_folder_without_runs(tmp_path, capsys):
     assert cli_main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "no metrics.json" in capsys.readouterr().err
+
+
+# -- a report of many runs reads on a 1,400 px screen ---------------------------------------------------
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A sweep of 12 runs with long names, in folders whose (hash) names are not their parameters' order."""
+    tmp = tmp_path_factory.mktemp("wide")
+    sigmas, sizes = [0.5, 2, 10, 0.05], [224, 448, 672]
+    for i in range(12):
+        folder = tmp / "sweep" / "runs" / f"h{(i * 7) % 12:02d}"
+        write_run(folder, "a_rather_long_model_name_of_a_sweep", i + 10)
+        (folder / "params.json").write_text(json.dumps({"model.sigma": sigmas[i % 4], "data.eval_size": sizes[i // 4]}))
+    write_run(tmp / "a", "clip", 1, images=True)
+    assert cli_main(["report", str(tmp / "a"), str(tmp / "sweep"), "--out", str(tmp / "out")]) == 0
+    return tmp
+
+
+def test_sweep_runs_are_ordered_by_their_parameters(wide):
+    params = [json.loads((run.folder / "params.json").read_text()) for run in find_runs([str(wide / "sweep")])]
+    assert [(p["model.sigma"], p["data.eval_size"]) for p in params] == sorted((p["model.sigma"], p["data.eval_size"]) for p in params)
+    md = (wide / "out" / "report.md").read_text()
+    assert md.index("model.sigma=0.05, data.eval_size=224") < md.index("model.sigma=0.5, data.eval_size=224") \
+        < md.index("model.sigma=2, data.eval_size=224") < md.index("model.sigma=10, data.eval_size=224")
+
+
+def test_every_table_is_narrow_and_the_page_fits_1400_px(wide):
+    page = (wide / "out" / "report.html").read_text()
+    tables = re.findall(r"<table>.*?</table>", page)
+    widths = [len(re.findall(r"<th>", re.search(r"<thead>.*?</thead>", t).group(0))) for t in tables]
+    assert max(widths) <= COLUMNS_PER_TABLE + 1 and len(tables) > 8  # split, not dropped:
+    assert page.count("a_rather_long_model_name_of_a_sweep (model.sigma=0.05, data.eval_size=224)") >= 1 + 4 * 2
+    chromium = _chromium()
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000", "--dump-dom",
+                          (wide / "out" / "report.html").resolve().as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert int(re.search(r'data-width="(\d+)"', dom).group(1)) <= 1400  # no horizontal scrolling
+
+
+def _boxes(texts, figure):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    return [t.get_window_extent(renderer) for t in texts if t.get_text()]
+
+
+def test_bar_labels_do_not_overlap_and_stay_in_the_figure(wide, tmp_path):
+    figure = figure_dice_gap(find_runs([str(wide / "a"), str(wide / "sweep")]), tmp_path / "gap.png")
+    ax = figure.axes[0]
+    boxes = _boxes(ax.get_yticklabels(), figure)
+    assert len(boxes) == 13 * 2
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    width, height = figure.canvas.get_width_height()
+    assert all(b.x0 >= 0 and b.y0 >= 0 and b.x1 <= width and b.y1 <= height for b in boxes)
+
+
+def test_scatter_markers_are_not_cut_and_stacked_points_show(report, tmp_path):
+    runs = find_runs([str(report / "a")])
+    twin = find_runs([str(report / "a")])[0]  # the same points again: every marker stacks two
+    twin.name = "clip again"
+    figure, numbers = figure_auroc_pg(runs + [twin], tmp_path / "scatter.png")
+    scatters = figure.axes[0].collections
+    assert numbers["points"] == 2 * len(auroc_pg_points(runs)) and all(not c.get_clip_on() for c in scatters)
+    one, two = (sorted(c.get_sizes()) for c in scatters)
+    assert one == two and len(one) == len(auroc_pg_points(runs))  # one marker per place ...
+    figure, _ = figure_auroc_pg(runs, tmp_path / "one.png")
+    runs[0].metrics["datasets"]["demo"]["classes"]["Nodule"].update(pointing_game=0.25, auroc=0.75)
+    runs[0].metrics["datasets"]["demo"]["classes"]["Cardiomegaly"].update(pointing_game=0.25, auroc=0.75)
+    figure, _ = figure_auroc_pg(runs, tmp_path / "stacked.png")
+    sizes = figure.axes[0].collections[0].get_sizes()
+    assert len(sizes) == len(auroc_pg_points(runs)) - 1 and max(sizes) == 2 * min(sizes)  # ... whose area counts them
+
+
+def test_reliability_histogram_says_what_it_counts(tmp_path):
+    bins = {"count": [3, 0, 5, 2], "confidence": [0.1, None, 0.6, 0.9], "accuracy": [0.0, None, 0.4, 1.0]}
+    figure = plot_reliability(tmp_path / "r.png", "m | d | all findings pooled", [0, 0.25, 0.5, 0.75, 1], bins, 0.1,
+                              counted="(image, finding)\npairs")
+    assert figure.axes[1].get_ylabel() == "(image, finding)\npairs\nper bin"

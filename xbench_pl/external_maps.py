@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.data.io import read_image_size
@@ -191,6 +192,7 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
                         f"({len(child.problems)} problem(s))")
     dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
     all_scored = True
+    progress = ProgressLines(f"{child.name} maps", len(kept), "images", after=QUIET_SECONDS)
     for start in range(0, len(kept), chunk):
         part = kept[start:start + chunk]
         groups: dict[tuple[int, int], list] = {}
@@ -225,6 +227,7 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
                      "affine": torch.tensor(affine, dtype=torch.float64),
                      "scores": torch.nan_to_num(score_rows, nan=0.5), "saliency": torch.stack([m for *_, m, _ in items])}
             replay(replayer, dataset, shard, chunk=chunk)
+        progress.step(len(part))
     return len(kept), all_scored
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 
@@ -299,9 +300,12 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
         seen: set[str] = set()
+        progress = ProgressLines(f"{child.name} from {store.root}", len(dataset), "images", after=QUIET_SECONDS)
         for shard in good:
             if shard["dataset"] == child.name:
-                seen.update(replay(replayer, dataset, shard, skip=seen, chunk=chunk))
+                fed = replay(replayer, dataset, shard, skip=seen, chunk=chunk)
+                seen.update(fed)
+                progress.step(len(fed))
         missing = [r.image_id for r in dataset.records if r.image_id not in seen]
         if missing:
             raise StoreError(f"{store} lacks {len(missing)} of the {len(dataset)} image(s) of {child.name} (first: "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -35,9 +36,20 @@ from types import SimpleNamespace
 
 import torch
 
+from xbench_pl.console import width
+from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
+from xbench_pl.metrics.chexlocalize import CXL_KEYS
 from xbench_pl.outputs import write_results
 
-def _cell(value) -> str:
+#: the console table's columns unless ``--columns`` says otherwise: the README's (the paper's) eight keys and
+#: the grounding denominator; ``metrics.md`` and ``metrics.json`` keep every column
+DEFAULT_COLUMNS = ("pointing_game", "dice@0.5", "iou@0.5", "dice_best", "iou_best", "tau_best", "delta_dice", "auroc",
+                   "n_regions")
+#: the fixed-threshold keys, named by the run's threshold (``--model.fixed_threshold``)
+FIXED_THRESHOLD_KEY = re.compile(r"(dice|iou)@[0-9.]+")
+
+
+def format_value(value) -> str:
     if value is None:
         return "–"
     return str(value) if isinstance(value, int) else f"{value:.3f}"
@@ -46,8 +58,63 @@ def _cell(value) -> str:
 def markdown_table(rows: dict[str, dict], first: str) -> str:
     keys = list(next(iter(rows.values())))
     lines = [f"| {first} | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(_cell(row[k]) for k in keys) + " |" for name, row in rows.items()]
+    lines += [f"| {name} | " + " | ".join(format_value(row[k]) for k in keys) + " |" for name, row in rows.items()]
     return "\n".join(lines)
+
+
+def column_names() -> tuple[str, ...]:
+    """Every key a table row can have (``dice@0.5``/``iou@0.5`` stand for any fixed threshold's)."""
+    return (*metric_keys(), *COUNT_KEYS, *NEGATIVE_KEYS, *CXL_KEYS)
+
+
+def parse_columns(text: str | None) -> list[str] | str | None:
+    """``--columns``: None (``DEFAULT_COLUMNS``), ``all``, or comma-separated keys; a ValueError names an unknown key."""
+    if text is None or text == "all":
+        return text
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    unknown = [key for key in keys if key not in column_names() and not FIXED_THRESHOLD_KEY.fullmatch(key)]
+    if unknown or not keys:
+        raise ValueError(f"unknown key {unknown[0] if unknown else text!r}; give all or keys among: {', '.join(column_names())}")
+    return keys
+
+
+def console_columns(row: dict, columns: list[str] | str | None = None) -> list[str]:
+    """The keys of ``row`` to show: all of them (``columns="all"``), else ``columns`` (default ``DEFAULT_COLUMNS``),
+    a fixed-threshold key the row lacks (``dice@0.5`` in a run at 0.3) taken as the row's own."""
+    if columns == "all":
+        return list(row)
+    own = {key.partition("@")[0]: key for key in row if FIXED_THRESHOLD_KEY.fullmatch(key)}
+    chosen = []
+    for key in columns or DEFAULT_COLUMNS:
+        if key not in row and FIXED_THRESHOLD_KEY.fullmatch(key):
+            key = own.get(key.partition("@")[0], key)
+        chosen.append(key)
+    return chosen
+
+
+def console_table(rows: dict[str, dict], first: str, columns: list[str] | str | None = None,
+                  max_width: int | None = None) -> str:
+    """``rows`` as aligned markdown with the ``console_columns``, split into as many tables (each led by the
+    ``first`` column) as it takes for every line to fit ``max_width`` (default: ``console.width``): no value is cut."""
+    max_width = max_width or width()
+    keys = console_columns(next(iter(rows.values())), columns)
+    cells = {name: [format_value(row.get(key)) for key in keys] for name, row in rows.items()}
+    lead = max(len(first), *map(len, rows))
+    widths = [max(len(key), *(len(c[i]) for c in cells.values())) for i, key in enumerate(keys)]
+    groups, line = [[]], lead + 4
+    for i, w in enumerate(widths):
+        if groups[-1] and line + w + 3 > max_width:
+            groups.append([])
+            line = lead + 4
+        groups[-1].append(i)
+        line += w + 3
+    tables = []
+    for group in groups:
+        lines = [f"| {first:<{lead}} |" + "".join(f" {keys[i]:>{widths[i]}} |" for i in group),
+                 f"|{'-' * (lead + 2)}|" + "".join(f"{'-' * (widths[i] + 1)}:|" for i in group)]
+        lines += [f"| {name:<{lead}} |" + "".join(f" {c[i]:>{widths[i]}} |" for i in group) for name, c in cells.items()]
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def format_problem(problem: dict) -> str:
@@ -165,10 +232,17 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     return write_results(out_dir, {"metrics.json": json.dumps(report, indent=2) + "\n", "metrics.md": render_markdown(report)})
 
 
-def publish_report(report: dict, out_dir: str | Path) -> Path:
-    """``write_report``, then print the per-dataset table and ``problem_summary`` (what every command ends with)."""
+def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str | None = None) -> Path:
+    """``write_report``, then print the per-dataset table (``console_table``) and ``problem_summary`` (what
+    every command ends with)."""
     out = write_report(report, out_dir)
-    print(markdown_table({n: d["mean"] for n, d in report["datasets"].items()}, "dataset"))
+    means = {n: d["mean"] for n, d in report["datasets"].items()}
+    print(console_table(means, "dataset", columns))
+    every = len(next(iter(means.values())))
+    shown = len(console_columns(next(iter(means.values())), columns))
+    if shown < every:
+        print(f"({shown} of {every} columns; every column: {out / 'metrics.md'} and metrics.json; "
+              "choose with --columns all|KEY,...)")
     for line in problem_summary(report, out):
         print(line)
     return out
@@ -182,8 +256,8 @@ def score_host() -> SimpleNamespace:
                            world_size=1, num_nodes=1)
 
 
-def publish_scores(out: str, started: float, scored_from: str, **report) -> Path:
+def publish_scores(out: str, started: float, scored_from: str, columns: list[str] | str | None = None, **report) -> Path:
     """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
-    one CPU process, ``scored_from`` the store or maps folder."""
+    one CPU process, ``scored_from`` the store or maps folder; ``columns`` as ``publish_report``'s."""
     report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
-    return publish_report(report, out)
+    return publish_report(report, out, columns)

@@ -92,7 +92,8 @@ class CalibrationPlots(L.Callback):
                     threshold.append(path)
                 if row["n_pos"] + row["n_neg"]:
                     path = folder / f"reliability_{safe_name(finding)}.png"
-                    plot_reliability(path, f"{name} | {dataset} | {finding}", curves["bin_edges"], c["reliability"], row["ece"])
+                    plot_reliability(path, f"{name} | {dataset} | {finding}", curves["bin_edges"], c["reliability"], row["ece"],
+                                     counted="images")
                     reliability.append(path)
             grounded = {f: curves["classes"][f] for f, row in table["classes"].items() if row["n_regions"]}
             if grounded:
@@ -103,7 +104,8 @@ class CalibrationPlots(L.Callback):
             if reliability:
                 bins = pooled_bins([c["reliability"] for c in curves["classes"].values()])
                 path = folder / "reliability_all.png"
-                plot_reliability(path, f"{name} | {dataset} | all findings pooled", curves["bin_edges"], bins, ece_of_bins(bins))
+                plot_reliability(path, f"{name} | {dataset} | all findings pooled", curves["bin_edges"], bins, ece_of_bins(bins),
+                                 counted="(image, finding)\npairs")
                 reliability.insert(0, path)
             self.written += [folder / "metrics.csv", folder / "curves.json", *threshold, *reliability]
             if logger is not None:
@@ -162,7 +164,9 @@ def plot_threshold_all(path: Path, title: str, thresholds: list, curves: dict, t
     fig.savefig(path)
 
 
-def plot_reliability(path: Path, title: str, edges: list, bins: dict, ece) -> None:
+def plot_reliability(path: Path, title: str, edges: list, bins: dict, ece, counted: str):
+    """The reliability diagram over the histogram of what its bins hold (``counted``: images of one finding,
+    or (image, finding) pairs when pooled); returns the figure."""
     fig = new_figure(4.6, 4.2)
     ax, counts = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
@@ -178,5 +182,6 @@ def plot_reliability(path: Path, title: str, edges: list, bins: dict, ece) -> No
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     counts.bar(edges[:-1], bins["count"], width=widths, align="edge", color="gray", edgecolor="black", linewidth=0.5)
-    counts.set(xlim=(0, 1), xlabel="recognition score (bin)", ylabel="images")
+    counts.set(xlim=(0, 1), xlabel="recognition score (bin)", ylabel=f"{counted}\nper bin")
     fig.savefig(path)
+    return fig

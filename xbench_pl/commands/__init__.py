@@ -20,6 +20,7 @@ import time
 import warnings
 
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS
+from xbench_pl.console import is_rank_zero
 
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
@@ -28,12 +29,12 @@ COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score"
 
 
 def usage() -> str:
-    width = max(len(c) for c in SUMMARIES)
+    options = {"--debug": f"show the traceback of an error (also {DEBUG_ENV}=1)", "-h, --help": "this message"}
+    width = max(len(name) for name in [*SUMMARIES, *options])
     lines = [f"usage: {PROG} COMMAND [options]      ({PROG} COMMAND --help: the command's options)", "",
              "Zero-shot recognition and grounding benchmark of chest X-ray vision-language models.", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
-    lines += ["", "options:", f"  {'--debug':<{width}}  show the traceback of an error (also {DEBUG_ENV}=1)",
-              f"  {'-h, --help':<{width}}  this message"]
+    lines += ["", "options:", *(f"  {name:<{width}}  {text}" for name, text in options.items())]
     return "\n".join(lines)
 
 
@@ -47,10 +48,6 @@ def quiet_lightning(short_warnings: bool = True) -> None:
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
     if short_warnings:
         warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
-
-
-def is_rank_zero() -> bool:
-    return all(int(os.environ.get(v, "0") or 0) == 0 for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 def print_error(message: str) -> None:

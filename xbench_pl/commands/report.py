@@ -32,10 +32,13 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.outputs import check_writable
+from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
 SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
+#: data columns per HTML/markdown table (after the row names): at the page's 1,200 px, each column keeps ~100 px
+COLUMNS_PER_TABLE = 9
 
 
 @dataclass
@@ -45,15 +48,34 @@ class Run:
     metrics: dict
 
 
+def parameter_order(params: dict) -> tuple:
+    """A sort key for a sweep run's parameters: numbers by value, then text, then anything else, in the
+    parameters' own order."""
+    def key(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return (0, value, "")
+        return (1, 0, value) if isinstance(value, str) else (2, 0, json.dumps(value, sort_keys=True))
+
+    return tuple(key(v) for v in params.values())
+
+
+def sweep_runs(folder: Path) -> list[Path]:
+    """A sweep's run folders (``runs/*/`` with a ``metrics.json``) ordered by their parameters (``params.json``;
+    folders without one last, by name): the folder names are hashes."""
+    found = [p.parent for p in folder.glob("runs/*/metrics.json")]
+    params = {f: json.loads((f / "params.json").read_text()) if (f / "params.json").is_file() else None for f in found}
+    return sorted(found, key=lambda f: (params[f] is None, parameter_order(params[f] or {}), f.name))
+
+
 def find_runs(folders: list[str]) -> list[Run]:
-    """Every run under the given folders (a run folder, or a sweep folder with ``runs/*/``), named by model
-    (with the folder name where two runs share a model name)."""
+    """Every run under the given folders (a run folder, or a sweep folder with ``runs/*/``, ``sweep_runs``), named
+    by model (with the parameters or the folder name where two runs share a model name)."""
     found = []
     for folder in map(Path, folders):
         if (folder / "metrics.json").is_file():
             found.append(folder)
-        elif sweep_runs := sorted(folder.glob("runs/*/metrics.json")):
-            found += [p.parent for p in sweep_runs]
+        elif runs := sweep_runs(folder):
+            found += runs
         else:
             raise FileNotFoundError(f"{folder}: no metrics.json (nor runs/*/metrics.json of a sweep); "
                                     "give folders written by test --out or sweep --out")
@@ -150,15 +172,25 @@ def table1(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def finding_table(runs: list[Run], dataset: str) -> tuple[list[str], list[list[str]]]:
+def finding_tables(runs: list[Run], dataset: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The per-finding tables of one dataset: one per key of ``FINDING_KEYS`` (its title, header and rows), findings
+    in rows and the runs with this dataset in columns."""
     findings = []
     for run in runs:
         findings += [f for f in run.metrics["datasets"].get(dataset, {}).get("classes", {}) if f not in findings]
     with_data = [r for r in runs if dataset in r.metrics["datasets"]]
-    header = ["finding", *(f"{r.name} {SHORT[k]}" if len(with_data) > 1 else SHORT[k] for r in with_data for k in FINDING_KEYS)]
-    rows = [[f, *(_cell(r.metrics["datasets"][dataset]["classes"].get(f, {}).get(k)) for r in with_data for k in FINDING_KEYS)]
-            for f in findings]
-    return header, rows
+    return [(SHORT[key], ["finding", *(r.name for r in with_data)],
+             [[f, *(_cell(r.metrics["datasets"][dataset]["classes"].get(f, {}).get(key)) for r in with_data)] for f in findings])
+            for key in FINDING_KEYS]
+
+
+def split_columns(header: list[str], rows: list[list[str]], per_table: int, group: int = 1) -> list[tuple[list[str], list[list[str]]]]:
+    """A table as several with at most ``per_table`` columns after the first (which each repeats), cut only between
+    groups of ``group`` columns (Table 1's three keys of a dataset stay together): the page fits without
+    horizontal scrolling however many runs or datasets it has."""
+    size = max(group, per_table // group * group)
+    return [([header[0], *header[1 + start:1 + start + size]], [[row[0], *row[1 + start:1 + start + size]] for row in rows])
+            for start in range(0, len(header) - 1, size)]
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -168,48 +200,75 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def figure_auroc_pg(runs: list[Run], path: Path) -> dict:
+def stacked(xs: list[float], ys: list[float]) -> list[tuple[float, float, int]]:
+    """Points as (x, y, how many) with those equal to 3 decimals (as printed) merged: a marker per place."""
+    counts: dict[tuple[float, float], int] = {}
+    for x, y in zip(xs, ys):
+        place = (round(x, 3), round(y, 3))
+        counts[place] = counts.get(place, 0) + 1
+    return [(x, y, n) for (x, y), n in counts.items()]
+
+
+MARKER_AREA = 28  # points², of a marker for one point; k points on one place get k times the area
+
+
+def figure_auroc_pg(runs: list[Run], path: Path):
+    """Fig. 3: returns the figure and the fit's numbers (``points``, ``slope``, ``intercept``, ``r2``). Markers are
+    not cut at the axes, and points on one place are one marker whose area counts them (``stacked``)."""
     points = auroc_pg_points(runs)
     fit = fit_line([p[3] for p in points], [p[4] for p in points])
-    fig = _figure(6, 4.4)
+    columns = 2 if max(len(run.name) for run in runs) <= 40 else 1  # the legend's: as wide as the figure at most
+    fig = _figure(6, 4.4 + 0.16 * math.ceil((len(runs) + 1) / columns))  # room for the legend's rows
     ax = fig.add_subplot()
-    for run in runs:
-        mine = [p for p in points if p[0] == run.name]
+    placed = {run.name: stacked([p[3] for p in points if p[0] == run.name], [p[4] for p in points if p[0] == run.name])
+              for run in runs}
+    for name, mine in placed.items():
         if mine:
-            ax.scatter([p[3] for p in mine], [p[4] for p in mine], s=28, alpha=0.8, label=run.name)
+            ax.scatter([x for x, _, _ in mine], [y for _, y, _ in mine], s=[MARKER_AREA * n for *_, n in mine], alpha=0.6,
+                       edgecolors="black", linewidths=0.4, clip_on=False, label=name)
     if fit is not None:
         slope, intercept, r2 = fit
         ax.plot([0, 1], [intercept, slope + intercept], "k--", linewidth=1,
                 label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {r2_text(r2)}")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Pointing Game (per finding)", ylabel="AUROC (per finding)")
-    ax.set_title(f"Recognition against grounding: {len(points)} (model, dataset, finding) points", fontsize=9)
+    merged = any(n > 1 for mine in placed.values() for *_, n in mine)
+    ax.set_title(f"Recognition against grounding: {len(points)} (model, dataset, finding) points"
+                 + ("\n(a larger marker: several points on one place)" if merged else ""), fontsize=9)
     ax.grid(alpha=0.3)
-    if points:
-        ax.legend(fontsize=7, loc="lower right")
+    if points:  # below the axes: over them it would hide points
+        fig.legend(fontsize=7, loc="outside lower center", ncols=columns, markerscale=0.8)
     fig.savefig(path)
-    return {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
+    return fig, {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
 
 
-def figure_dice_gap(runs: list[Run], path: Path) -> None:
+def figure_dice_gap(runs: list[Run], path: Path):
+    """Fig. 4, returned: a pair of horizontal bars per (model, dataset), labelled on the left by its model and
+    dataset, each wrapped, one row per pair however many there are (labels never overlap)."""
+    import textwrap
+
     labels, fixed, best = [], [], []
     for run in runs:
         for dataset, table in run.metrics["datasets"].items():
-            labels.append(f"{run.name}\n{dataset}")
+            labels.append("\n".join(textwrap.fill(part, 32) for part in (run.name, dataset)))
             fixed.append(table["mean"].get("dice@0.5") or 0.0)
             best.append(table["mean"].get("dice_best") or 0.0)
-    fig = _figure(max(4.5, 1.1 * len(labels) + 1.5), 4)
+    lines = max(label.count("\n") + 1 for label in labels) if labels else 1
+    fig = _figure(7, 1.4 + len(labels) * max(0.3, 0.13 * lines))  # every row room for the longest label's lines
     ax = fig.add_subplot()
-    xs = list(range(len(labels)))
-    ax.bar([x - 0.2 for x in xs], fixed, width=0.4, label="Dice at τ = 0.5", color="tab:gray")
-    ax.bar([x + 0.2 for x in xs], best, width=0.4, label="Dice at tau_best (oracle)", color="tab:green")
-    for x, a, b in zip(xs, fixed, best):
-        ax.annotate(f"Δ {b - a:+.3f}", (x, max(a, b) + 0.02), ha="center", fontsize=7)
-    ax.set_xticks(xs, labels, fontsize=7)
-    ax.set(ylim=(0, 1), ylabel="mean Dice over findings")
+    ys = list(range(len(labels)))
+    ax.barh([y - 0.2 for y in ys], fixed, height=0.4, label="Dice at τ = 0.5", color="tab:gray")
+    ax.barh([y + 0.2 for y in ys], best, height=0.4, label="Dice at tau_best (oracle)", color="tab:green")
+    for y, a, b in zip(ys, fixed, best):
+        ax.annotate(f"Δ {b - a:+.3f}", (max(a, b) + 0.01, y), va="center", fontsize=7)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.margins(y=0.01)
+    ax.invert_yaxis()  # the first run on top, as in the tables
+    ax.set(xlim=(0, 1), xlabel="mean Dice over findings")
     ax.set_title("Calibration gap: Dice at the fixed threshold vs at the best one", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
-    ax.grid(alpha=0.3, axis="y")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    ax.grid(alpha=0.3, axis="x")
     fig.savefig(path)
+    return fig
 
 
 # -- the documents ---------------------------------------------------------------------------------
@@ -250,7 +309,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2r
 h1 { font-size: 1.6rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; } h3 { margin-top: 1.4rem; }
 table { border-collapse: collapse; font-size: 0.85rem; margin: 0.6rem 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; } th { background: #f1f3f5; }
-td:first-child, th:first-child { text-align: left; }
+td:first-child, th:first-child { text-align: left; } th { overflow-wrap: anywhere; max-width: 12rem; }
 figure { display: inline-block; margin: 0.4rem; vertical-align: top; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.75rem; color: #555; max-width: 420px; }
 .warn { background: #fff3cd; border: 1px solid #e0c060; padding: 0.5rem 0.8rem; }
@@ -262,6 +321,7 @@ window.addEventListener("load", function () {
   var images = Array.from(document.images);
   var ok = images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   document.body.setAttribute("data-images", ok + "/" + images.length);
+  document.body.setAttribute("data-width", document.documentElement.scrollWidth);  // wider than the window: the page scrolls sideways
 });
 """
 
@@ -270,7 +330,7 @@ def build(runs: list[Run], out: Path) -> dict:
     """Write ``report.md``, ``report.html`` and ``figures/``; return the numbers the figures show."""
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    fit = figure_auroc_pg(runs, figures / "auroc_vs_pointing_game.png")
+    _, fit = figure_auroc_pg(runs, figures / "auroc_vs_pointing_game.png")
     figure_dice_gap(runs, figures / "dice_fixed_vs_best.png")
     random_runs = [r.name for r in runs if r.metrics.get("random_weights")]
     header, rows = table1(runs)
@@ -280,8 +340,11 @@ def build(runs: list[Run], out: Path) -> dict:
         note = f"RANDOM weights (smoke tests, not results): {', '.join(random_runs)}"
         md += ["", f"> **{note}**"]
         doc.append(f'<p class="warn">{html.escape(note)}</p>')
-    md += ["", "## Grounding per dataset and model (macro means; Table 1)", "", _md_table(header, rows)]
-    doc += ["<h2>Grounding per dataset and model (macro means; Table 1)</h2>", _html_table(header, rows)]
+    md += ["", "## Grounding per dataset and model (macro means; Table 1)"]
+    doc.append("<h2>Grounding per dataset and model (macro means; Table 1)</h2>")
+    for h, r in split_columns(header, rows, COLUMNS_PER_TABLE, group=len(TABLE1)):
+        md += ["", _md_table(h, r)]
+        doc.append(_html_table(h, r))
     r2 = r2_text(fit["r2"])
     fig_text = [("auroc_vs_pointing_game.png", f"AUROC against Pointing Game per (model, dataset, finding): "
                  f"{fit['points']} points, R² = {r2} (Fig. 3)"),
@@ -301,11 +364,18 @@ def build(runs: list[Run], out: Path) -> dict:
     md += ["## Per finding"]
     doc.append("<h2>Per finding</h2>")
     for dataset in _datasets(runs):
-        h, r = finding_table(runs, dataset)
-        md += ["", f"### {dataset}", "", _md_table(h, r)]
-        doc += [f"<h3>{html.escape(dataset)}</h3>", _html_table(h, r)]
+        md += ["", f"### {dataset}"]
+        doc.append(f"<h3>{html.escape(dataset)}</h3>")
+        for key, header, rows in finding_tables(runs, dataset):
+            md += ["", f"#### {dataset}: {key}"]
+            doc.append(f"<h4>{html.escape(dataset)}: {html.escape(key)}</h4>")
+            for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
+                md += ["", _md_table(h, r)]
+                doc.append(_html_table(h, r))
+    progress = ProgressLines("report: saved plots and samples", len(runs), "runs", after=QUIET_SECONDS)
     for run in runs:
         sections = saved_images(run)
+        progress.step()
         if not sections:
             continue
         md += ["", f"## {run.name}: saved plots and samples"]

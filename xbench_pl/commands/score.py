@@ -39,7 +39,7 @@ from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
 from xbench_pl.registry import read_config, resolve_class
-from xbench_pl.report import publish_scores
+from xbench_pl.report import parse_columns, publish_scores
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
 
@@ -77,6 +77,7 @@ SHARED_HELP = {
     "--fixed_threshold T": "the fixed Dice/IoU threshold, on the grid 0, 0.01, ..., 1",
     "--score_threshold T": "the threshold on scores for F1 and Hamming accuracy, in [0, 1]",
     "--chunk N": "images replayed per metric update (default: 64)",
+    "--columns all|KEY,...": "the printed table's columns (default: the paper's and n_regions; metrics.md has all)",
 }
 METRIC_OPTIONS = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
 
@@ -133,6 +134,15 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     return SimpleNamespace(store=store, stored=stored, config=config, datamodule=datamodule_class(**chosen), metrics=metrics, args=args)
 
 
+def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
+    """``--columns all|KEY,...`` (the printed table's, ``report.parse_columns``) and the rest; UsageProblem if unknown."""
+    text, rest = take_option(argv, "--columns")
+    try:
+        return parse_columns(text), rest
+    except ValueError as error:
+        raise UsageProblem(f"--columns: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if folder is None:
         if any(a in ("-h", "--help") for a in rest):
             print(command_help("score --predictions DIR [--data NAME] [--data.ARG V] [--out DIR] [--normalize M] "
-                               "[--fixed_threshold T] [--score_threshold T]", __doc__.split("\n\n", 1)[1], {
+                               "[--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", __doc__.split("\n\n", 1)[1], {
                 "--predictions DIR": f"the prediction store ({PROG} test --predictions DIR)",
                 "--data NAME": "the dataset to score on (default: the store's)", **SHARED_HELP,
                 "--maps DIR": f"score saliency maps made elsewhere instead ({PROG} score --maps DIR --help)"}))
@@ -152,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from xbench_pl.predictions import StoreError, model_name, rescore
 
     try:
+        columns, rest = take_columns(rest)
         run = open_store(folder, rest)
     except UsageProblem as error:
         print(f"error: {error}", file=sys.stderr)
@@ -168,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     out = publish_scores(run.args.out, started, str(Path(folder)),
                          model=model_name(run.stored),
                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
-                         random_weights=bool(run.stored.get("random_weights")))
+                         random_weights=bool(run.stored.get("random_weights")), columns=columns)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 
@@ -180,7 +191,7 @@ def score_maps(argv: list[str]) -> int:
     name, rest = take_option(rest, "--data")
     if any(a in ("-h", "--help") for a in rest):
         print(command_help("score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
-                           "[--normalize M] [--fixed_threshold T] [--score_threshold T]", MAPS_HELP.split("\n\n", 1)[1], {
+                           "[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", MAPS_HELP.split("\n\n", 1)[1], {
             "--maps DIR": "the folder of maps (and optional scores.csv, preprocess.json)",
             "--data NAME": "the dataset the maps are of", **SHARED_HELP,
             "--cxl true": "also CheXlocalize's hit rate and mIoU at full resolution",
@@ -188,6 +199,11 @@ def score_maps(argv: list[str]) -> int:
         return 0
     if folder is None or name is None:
         print(f"error: score --maps DIR needs --data NAME (the dataset the maps are of)", file=sys.stderr)
+        return 2
+    try:
+        columns, rest = take_columns(rest)
+    except UsageProblem as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     folder = Path(folder)
     if not folder.is_dir():
@@ -236,7 +252,7 @@ def score_maps(argv: list[str]) -> int:
                         "preprocess": preprocess_config,
                         "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
     out = publish_scores(args.out, started, str(folder), model=f"maps:{folder.name}", results=results,
-                         problems=datamodule_problems(datamodule), config=config)
+                         problems=datamodule_problems(datamodule), config=config, columns=columns)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
           f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
     return 0

@@ -27,16 +27,16 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands import is_rank_zero
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
+from xbench_pl.console import is_rank_zero
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.outputs import check_writable, write_results
 from xbench_pl.registry import available, class_path, config_path, resolve_class
-from xbench_pl.report import build_report, markdown_table, provenance, publish_report
+from xbench_pl.report import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
 NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
@@ -74,12 +74,10 @@ def resolve_names(argv: list[str]) -> list[str]:
         if kind and flag.endswith(".help"):
             value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
             out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
-        elif kind and value and is_name(value):
-            out += [flag, str(config_path(kind, value))]
-            if flag == "--model":
-                out += ["--model_name", value]
         elif kind and value:
-            out += [flag, value]
+            out += [flag, str(config_path(kind, value)) if is_name(value) else value]
+            if flag == "--model" and not value.startswith("{"):  # a class path or file names the model too
+                out += ["--model_name", value]
         else:
             out.append(arg)
         i += 1
@@ -145,6 +143,9 @@ class XBenchCLI(LightningCLI):
                             help="dtype of the stored maps: float16 (half the size) or float32 (bit-identical re-scoring)")
         parser.add_argument("--predictions_shard_images", type=int, default=64,
                             help="images of one dataset per shard and rank (a crash loses at most these)")
+        parser.add_argument("--columns", type=Optional[str], default=None,
+                            help="the printed table's columns: all, or KEY,KEY,... (default: the README's eight "
+                                 "and n_regions; metrics.md and metrics.json keep every column)")
         # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
         parser.link_arguments("out", "trainer.default_root_dir")
 
@@ -175,12 +176,17 @@ class XBenchCLI(LightningCLI):
                     and init_args.get("save_dir") in (None, ".") and not init_args.get("dir")):
                 init_args.save_dir = os.environ.get("WANDB_DIR") or config.out
 
+    def before_instantiate_classes(self) -> None:
+        try:
+            self.columns = parse_columns(self.config[self.subcommand].get("columns"))
+        except ValueError as error:
+            raise UsageError(f"--columns: {error}") from None
+
     def before_test(self) -> None:
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
 
     def instantiate_trainer(self, **kwargs):
-        if self.subcommand == "fit":
-            kwargs = {**kwargs, **self.fit_checkpointing()}
+        kwargs = {**kwargs, "callbacks": self.trainer_callbacks()}
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except (TypeError, ValueError) as error:  # Trainer's own checks of its arguments
@@ -188,18 +194,30 @@ class XBenchCLI(LightningCLI):
         self.add_prediction_store(trainer)
         return trainer
 
-    def fit_checkpointing(self) -> dict:
-        """``fit`` keeps ``last.ckpt`` (overwritten every epoch) unless checkpointing is off or the user
-        gave a ``ModelCheckpoint`` of their own: the trainer's callbacks with ours added."""
+    def trainer_callbacks(self) -> list:
+        """The trainer's callbacks with ours added: ``fit`` keeps ``last.ckpt`` (overwritten every epoch) unless
+        checkpointing is off or the user gave a ``ModelCheckpoint`` of their own, and prints a line per validation
+        epoch; where the output is a log or a pipe, progress comes as plain lines unless the progress bar is off
+        or the user gave one."""
         from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.callbacks.progress import ProgressBar
+
+        from xbench_pl.callbacks.progress import PlainProgressBar, ValidationSummary
+        from xbench_pl.console import interactive
 
         config = self._get(self.config_init, "trainer", default={})
         given = config.get("callbacks") or []
         given = list(given) if isinstance(given, list) else [given]
-        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        if not config.get("enable_checkpointing", True) or any(isinstance(c, ModelCheckpoint) for c in given + extra):
-            return {}
-        return {"callbacks": [*given, ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False)]}
+        every = given + [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        ours = []
+        if self.subcommand == "fit":
+            if config.get("enable_checkpointing", True) and not any(isinstance(c, ModelCheckpoint) for c in every):
+                ours.append(ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False))
+            ours.append(ValidationSummary(self.columns))
+        if (config.get("enable_progress_bar") is not False and not interactive()
+                and not any(isinstance(c, ProgressBar) for c in every)):
+            ours.append(PlainProgressBar())
+        return given + ours
 
     def before_fit(self) -> None:
         settings = self.settings()
@@ -234,13 +252,14 @@ class XBenchCLI(LightningCLI):
         if self.model.val_results:
             epoch = self.model.val_history[-1]["epoch"]
             print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
-            print(markdown_table({name: table["mean"] for name, table in self.model.val_results.items()}, "dataset"))
+            print(console_table({name: table["mean"] for name, table in self.model.val_results.items()}, "dataset", self.columns))
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         print(f"\nfit on {record['images']['train']} images from {record['images']['source']}; "
               f"trained {trained:,} parameters ({len(record['trained_parameters'])} tensors)")
         print(f"wrote {out / 'fit.json'} and the split {record['split']}")
         if path:
             print(f"checkpoint: {path}\n  test it: {PROG} test --model ... --data ... --ckpt_path {path}")
+        self.print_wandb_run()
 
     def settings(self) -> dict:
         """The resolved options of this run's subcommand, as plain YAML data."""
@@ -275,19 +294,27 @@ class XBenchCLI(LightningCLI):
             random_weights=bool(getattr(self.model, "random_weights", False)),
             provenance=provenance(self.trainer, self.started),
         )
-        out = publish_report(report, settings["out"])
+        out = publish_report(report, settings["out"], self.columns)
         if report["random_weights"]:
             fitted = " fitted from" if settings.get("ckpt_path") else ""
             print(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "
                   "smoke-test the set-up; the report says so (random_weights: true)")
         print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
+        self.print_wandb_run()
+
+    def print_wandb_run(self) -> None:
+        from xbench_pl.callbacks import wandb_summary
+
+        where = wandb_summary(self.trainer)
+        if where:
+            print(where)
 
 
 def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
     """``test`` or ``fit`` (``TRAINER_COMMANDS``) through ``XBenchCLI``."""
-    from xbench_pl.callbacks import wandb_offline_by_default
+    from xbench_pl.callbacks import wandb_defaults
 
-    wandb_offline_by_default()  # a WandbLogger runs offline unless WANDB_MODE says otherwise (sync later: wandb sync)
+    wandb_defaults()  # a WandbLogger runs offline and quiet unless WANDB_* say otherwise (sync later: wandb sync)
     resolved = resolve_names(argv)
     # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table;
     # a --ckpt_path is read with torch.load(weights_only=True), tensors and plain data only (the project's

@@ -55,6 +55,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from xbench_pl.console import note
+
 GENERATOR_VERSION = 1
 SIZE = 512
 DEMO_ENV = "XBENCH_DEMO_DIR"
@@ -432,6 +434,7 @@ def ensure_demo(root: str | Path | None = None, seed: int = 0) -> Path:
     root = Path(root) if root is not None else default_demo_dir(seed)
     if root.is_dir() and any(root.iterdir()):
         return root
+    note(f"drawing the synthetic demo into {root} (first run only, a few seconds)")
     root.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=f".{uuid.uuid4().hex[:8]}", dir=root.parent))
     try:

@@ -36,6 +36,8 @@ import os
 import numpy as np
 import torch
 
+from xbench_pl.console import note
+
 try:  # optional at run time: without numba the torch reference path runs
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency, but the fallback must keep working
@@ -394,8 +396,31 @@ def _uniform(thresholds: torch.Tensor) -> bool:
     return t >= 2 and torch.equal(thresholds, torch.arange(t, dtype=torch.float32) / torch.tensor(t - 1, dtype=torch.float32))
 
 
+def cached_on_disk(dispatchers) -> bool:
+    """Whether numba's disk cache holds a compiled version of each dispatcher for its current source (else
+    its first call compiles). True where numba's cache internals are not as expected: then nothing is said."""
+    try:
+        return all(d._cache._cache_file._load_index() for d in dispatchers)  # {} when missing or stale
+    except (AttributeError, OSError):
+        return True
+
+
+_COMPILE_NOTED = False
+
+
+def _note_compiling() -> None:
+    """Say once per process when the kernels are about to be compiled: the first run pauses for it."""
+    global _COMPILE_NOTED
+    if not _COMPILE_NOTED:
+        _COMPILE_NOTED = True
+        if not cached_on_disk([_fused_kernel]):  # the one every run calls, and most of the compile time
+            note("compiling the metric kernels (numba; first run only, about 20 s, then cached on disk)")
+
+
 def _threads(n: int) -> int:
-    """numba threads for n maps: torch's thread count (a DDP rank's share), at most one per map."""
+    """numba threads for n maps: torch's thread count (a DDP rank's share), at most one per map. Every kernel
+    call comes after it, so it says when they compile (``_note_compiling``)."""
+    _note_compiling()
     k = max(1, min(n, torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(k)
     return k
