@@ -11,8 +11,6 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-import pytest
-
 from xbench_pl.commands import main
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import metric_keys
@@ -77,20 +75,18 @@ def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
     assert result.stdout.splitlines()[2].startswith("| demo ") and "| Cardiomegaly |" in (tmp_path / "metrics.md").read_text()
 
 
-@pytest.mark.parametrize("images", [11, 1], ids=["odd split", "a rank without images"])
-def test_one_and_two_process_ddp_give_identical_metrics(tmp_path, images):
-    ids = sorted(r.image_id for r in DemoDataModule().load_records())[:images]  # the synthetic demo's boxed images
+def test_one_and_two_process_ddp_give_identical_metrics(tmp_path):
+    """One image: rank 1 gets only the sampler's padding copy of it. (The odd split, 11 images over 2 ranks, is
+    test_multinode's and, on one node, test_callbacks' runs.)"""
     split = tmp_path / "split.csv"
-    split.write_text("image_id\n" + "\n".join(ids) + "\n")
+    split.write_text("image_id\n" + min(r.image_id for r in DemoDataModule().load_records()) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
     a, b, two = one_and_two_processes(tmp_path, *common)
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
     assert "sync_dist" not in two.stderr and "Test metric" not in two.stdout  # quiet under DDP too
     mean = a["datasets"]["demo"]["mean"]
-    assert mean["n_pos"] + mean["n_neg"] == images * 8  # every image exactly once, no padding duplicates
-    if images > 1:
-        assert 0.0 < mean["auroc"] < 1.0 and mean["auroc"] != 0.5  # scores depend on the pixels
+    assert mean["n_pos"] + mean["n_neg"] == 8  # the image exactly once, not its padding copy
 
 
 def test_print_config_and_unknown_names():

@@ -1,6 +1,6 @@
 """Multi-node through Lightning: 2 "nodes" x 1 process on localhost (Lightning's cluster environment
 variables, as a job script sets them) give the metrics.json of one process (this one: the nodes are
-subprocesses)."""
+subprocesses). 11 images over 2 ranks: an odd split, whose padding copy must not count."""
 
 import json
 import os
@@ -49,4 +49,6 @@ def test_two_nodes_one_process_each_equal_one_process(tmp_path):
     a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "node0"))
     assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
-    assert a["datasets"]["demo"]["mean"]["n_pos"] + a["datasets"]["demo"]["mean"]["n_neg"] == 11 * 8
+    mean = a["datasets"]["demo"]["mean"]
+    assert mean["n_pos"] + mean["n_neg"] == 11 * 8  # every image exactly once, no padding duplicates
+    assert 0.0 < mean["auroc"] < 1.0 and mean["auroc"] != 0.5  # scores depend on the pixels
