@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -321,7 +322,8 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
     # stance on weights files; LightningCLI reads the file so before any option applies, so a pickled
     # object is refused whatever --weights_only says)
     resolved = ["--weights_only", "true", *resolved]
-    if command == "test":
+    if command == "test":  # a fit checkpoint's callbacks (checkpointing, progress) have no part in a test
+        warnings.filterwarnings("ignore", message=r".*Be aware that when using `ckpt_path`, callbacks used to create")
         resolved = ["--verbose", "false", *resolved]
     if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
         sys.argv[1:] = [command, *resolved]
