@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_callbacks_memory import REPO, make_dataset, peak_rss_mb  # noqa: E402
+from bench_callbacks_memory import make_dataset, peak_rss_mb  # noqa: E402
 
 CLIP = ["--model", "clip", "--model.random_init", "true"]
 

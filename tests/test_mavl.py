@@ -11,7 +11,6 @@ book as a precomputed ``query_embeddings`` file; the BERT path is checked with a
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest

@@ -27,7 +27,8 @@ from PIL import Image
 import xbench_pl
 from xbench_pl.data.io import read_image
 from xbench_pl.geometry import Preprocess, eval_pixel_centres, warp_to_eval_grid
-from xbench_pl.models.open_clip_model import CheckpointError, OpenCLIPModel, build_open_clip, preprocess_for, read_architecture
+from xbench_pl.models.checkpoints import CheckpointError
+from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, preprocess_for, read_architecture
 from xbench_pl.registry import config_path
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, fill
 

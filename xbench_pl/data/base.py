@@ -7,7 +7,6 @@ preprocessing, region rasterisation, batching and exact distributed sampling.
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -17,7 +17,7 @@ import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 from xbench_pl.data.dicom import read_dicom, read_dicom_size
-from xbench_pl.data.errors import DataError, Problem
+from xbench_pl.data.errors import DataError
 
 
 Report = Callable[[DataError], None]

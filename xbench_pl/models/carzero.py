@@ -48,7 +48,6 @@ is needed. ``random_init`` weights come from a fixed seed (smoke runs only).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 

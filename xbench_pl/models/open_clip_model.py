@@ -48,7 +48,7 @@ from torch import nn
 from xbench_pl.geometry import Preprocess
 from xbench_pl.models import local_files
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, load_weights, read_state_dict
+from xbench_pl.models.checkpoints import load_weights, read_state_dict
 from xbench_pl.models.local_files import SHIPPED_CONFIGS
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
 
