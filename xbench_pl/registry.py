@@ -46,6 +46,11 @@ def class_path(kind: str, name: str) -> str:
     return yaml.safe_load(config_path(kind, name).read_text())["class_path"]
 
 
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of ``cls``: the class path a config names it by (``resolve_class`` reads it back)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def resolve_class(class_path: str) -> type:
     module, _, name = class_path.rpartition(".")
     return getattr(importlib.import_module(module), name)

@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import torch
 
 from xbench_pl.console import width
+from xbench_pl.data.errors import Problem
 from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
 from xbench_pl.outputs import write_results
@@ -118,8 +119,6 @@ def console_table(rows: dict[str, dict], first: str, columns: list[str] | str | 
 
 
 def format_problem(problem: dict) -> str:
-    from xbench_pl.data.errors import Problem
-
     return str(Problem(**problem))
 
 

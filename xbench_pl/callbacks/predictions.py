@@ -29,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
                                    replay)
+from xbench_pl.registry import qualified_name
 
 
 def _safe(text: str) -> str:
@@ -71,8 +72,8 @@ class PredictionWriter(Callback):
     def default_config(self, trainer, pl_module) -> dict:
         datamodule = trainer.datamodule
         return {
-            "model": {"class_path": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"},
-            "data": {"class_path": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
+            "model": {"class_path": qualified_name(type(pl_module))},
+            "data": {"class_path": qualified_name(type(datamodule)),
                      "datasets": {spec.name: list(spec.classes) for spec in getattr(datamodule, "dataset_specs", [])},
                      "eval_size": getattr(datamodule, "eval_size", None)},
             "precision": str(trainer.precision),

@@ -38,7 +38,7 @@ from xbench_pl.geometry import Preprocess
 from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
-from xbench_pl.registry import read_config, resolve_class
+from xbench_pl.registry import qualified_name, read_config, resolve_class
 from xbench_pl.report import parse_columns, publish_scores
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
@@ -114,7 +114,7 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     data_config = config.get("data") or {}
     if name is not None:
         datamodule_class, defaults = read_config("data", name)
-        base = {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}", "init_args": dict(defaults)}
+        base = {"class_path": qualified_name(datamodule_class), "init_args": dict(defaults)}
     elif "init_args" in data_config:
         datamodule_class, base = resolve_class(data_config["class_path"]), data_config
     else:
@@ -246,7 +246,7 @@ def score_maps(argv: list[str]) -> int:
     for n, (_, all_scored) in scored.items():
         if not all_scored:
             grounding_only(results[n])
-    config = {"maps": str(folder), "data": {"class_path": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}",
+    config = {"maps": str(folder), "data": {"class_path": qualified_name(datamodule_class),
                                             "init_args": chosen},
               "model": {"init_args": {**metrics, "cxl": args.cxl, "bootstrap": args.bootstrap},
                         "preprocess": preprocess_config,

@@ -122,8 +122,8 @@ class XBenchArgumentParser(LightningArgumentParser):
 
 
 class XBenchCLI(LightningCLI):
-    def __init__(self, *args, started: float | None = None, **kwargs):
-        self.started = time.time() if started is None else started
+    def __init__(self, *args, **kwargs):
+        self.started = time.time()
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -151,11 +151,15 @@ class XBenchCLI(LightningCLI):
         parser.link_arguments("out", "trainer.default_root_dir")
 
     def parse_arguments(self, parser, args) -> None:
-        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): W&B's directory
-        under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a readable checkpoint of
-        this ``--model``."""
+        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): ``--columns``
+        known, W&B's directory under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a
+        readable checkpoint of this ``--model``."""
         super().parse_arguments(parser, args)
         config = self.config[self.config["subcommand"]]
+        try:
+            self.columns = parse_columns(config.get("columns"))
+        except ValueError as error:
+            raise UsageError(f"--columns: {error}") from None
         self.wandb_under_out(config)
         if is_rank_zero():  # DDP ranks > 0 start after rank 0 checked (and would race its probe folders)
             check_writable(output_folders(config))
@@ -176,12 +180,6 @@ class XBenchCLI(LightningCLI):
             if (issubclass(resolve_class(entry.class_path), WandbLogger) and init_args is not None
                     and init_args.get("save_dir") in (None, ".") and not init_args.get("dir")):
                 init_args.save_dir = os.environ.get("WANDB_DIR") or config.out
-
-    def before_instantiate_classes(self) -> None:
-        try:
-            self.columns = parse_columns(self.config[self.subcommand].get("columns"))
-        except ValueError as error:
-            raise UsageError(f"--columns: {error}") from None
 
     def before_test(self) -> None:
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks

@@ -31,12 +31,13 @@ from xbench_pl.data.base import Batch
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import checked_size_bounds, read_tuned_thresholds
-from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
+from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.metrics.resampling import image_key, unit_key
-from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, class_path, fit_checkpoint_name, weights_fingerprint
+from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
 from xbench_pl.options import GridThreshold
+from xbench_pl.registry import qualified_name
 
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
@@ -339,7 +340,7 @@ class ZeroShotModel(L.LightningModule):
         changed = ({name for name, p in self.named_parameters() if p.requires_grad}
                    | {name for name, _ in self.named_buffers() if not name.startswith(frozen)})
         state = checkpoint["state_dict"]
-        checkpoint[FIT_RECORD] = {"model": class_path(self), "name": getattr(self, "model_name", None),
+        checkpoint[FIT_RECORD] = {"model": qualified_name(type(self)), "name": getattr(self, "model_name", None),
                                   "base_weights": weights_fingerprint({k: v for k, v in state.items() if k not in changed})}
         checkpoint["state_dict"] = {k: v for k, v in state.items() if k in changed}
 
@@ -350,7 +351,7 @@ class ZeroShotModel(L.LightningModule):
         if record is None:
             return
         base = {k: v for k, v in self.state_dict().items() if k not in checkpoint["state_dict"]}
-        if record["model"] != class_path(self) or record["base_weights"] != weights_fingerprint(base):
+        if record["model"] != qualified_name(type(self)) or record["base_weights"] != weights_fingerprint(base):
             raise CheckpointError(f"--ckpt_path: the checkpoint was fitted on {fit_checkpoint_name(record)} with other "
                                   f"base weights than this {type(self).__name__} has: test it with the --model options "
                                   "fit had (its fit.json records them)")

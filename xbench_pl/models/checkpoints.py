@@ -55,10 +55,6 @@ class CheckpointError(ValueError):
 FIT_RECORD = "xbench_fit"
 
 
-def class_path(obj: object) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
 def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
     """SHA-256 of the names, dtypes, shapes and bytes of ``state``: equal only for the same weights."""
     digest = hashlib.sha256()
