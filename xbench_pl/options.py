@@ -7,6 +7,8 @@ restricted types (``PositiveInt``, ``NonNegativeInt``, ``ClosedUnitInterval``, .
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from jsonargparse.typing import extend_base_type
 
@@ -22,3 +24,8 @@ def _on_threshold_grid(cls, value) -> None:
 #: a Dice/IoU threshold on the metrics' grid (``kernels.default_thresholds``)
 GridThreshold = extend_base_type("GridThreshold", float, _on_threshold_grid, register_key=("xbench_pl", "GridThreshold"),
                                  docstring="a threshold on the grid 0, 0.01, ..., 1")
+
+
+#: where a model's saliency maps come from (``xbench_pl.explainers``): ``native`` or an explanation method
+ExplainerName = Literal["native", "gradcam", "gradcam++", "hirescam", "layercam", "xgradcam", "eigencam", "scorecam",
+                        "rollout", "chefer"]

@@ -36,9 +36,11 @@ from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.metrics.resampling import image_key, unit_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.options import GridThreshold
+from xbench_pl.options import ExplainerName, GridThreshold
 from xbench_pl.registry import qualified_name
 
+#: ``ZeroShotModel``'s arguments that choose how maps are made, not how they are judged (``predictions.metric_settings``)
+EXPLAINER_ARGS = ("explainer", "explainer_layer")
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
 
@@ -107,18 +109,34 @@ class ZeroShotModel(L.LightningModule):
         lr: AdamW's learning rate for ``fit``.
         weight_decay: AdamW's weight decay for ``fit`` (none on biases, norms and scalars such as
             ``logit_scale``: parameters of fewer than 2 dimensions).
+        explainer: where the maps come from (``xbench_pl.explainers``): ``native`` (the authors' map),
+            a pytorch-grad-cam CAM (``gradcam``, ``gradcam++``, ``hirescam``, ``layercam``, ``xgradcam``,
+            ``eigencam``, ``scorecam``) of the model's target for each finding, ``rollout`` or ``chefer``.
+            Scores are the native forward's whatever the explainer.
+        explainer_layer: the CAMs' target layer, a module path (``model.get_submodule``); None: the family's
+            default (the image tower's last ResNet stage, or its last ViT block's first norm).
     """
 
     preprocess: Preprocess
     #: regexes of the parameter names ``fit`` trains by default; each family sets its own (none: nothing to fit)
     TRAINABLE: tuple[str, ...] = ()
+    #: the module path of the image tower that explainers explain (None: a model without one, which explains nothing)
+    IMAGE_TOWER: str | None = None
+    #: what explainers explain for each finding: ``"logits"`` where ``zero_shot`` gives them, else ``"scores"``
+    EXPLAINER_TARGET = "scores"
 
     def __init__(self, normalize: NormalizeMode = "minmax", fixed_threshold: GridThreshold = 0.5,
                  score_threshold: ClosedUnitInterval = 0.5, bootstrap: NonNegativeInt = 1000, bootstrap_seed: int = 0,
                  size_strata: tuple[OpenUnitInterval, OpenUnitInterval] = (0.01, 0.1), tune_from: str | None = None,
                  cxl: bool = False, negatives: bool = False, trainable: list[str] | None = None, lr: PositiveFloat = 1e-4,
-                 weight_decay: NonNegativeFloat = 0.01):
+                 weight_decay: NonNegativeFloat = 0.01, explainer: ExplainerName = "native", explainer_layer: str | None = None):
         super().__init__()
+        if explainer != "native" and self.IMAGE_TOWER is None:
+            raise ValueError(f"{type(self).__name__} has no network to explain: it takes explainer 'native' only, got {explainer!r}")
+        if explainer_layer is not None and explainer == "native":
+            raise ValueError(f"explainer_layer {explainer_layer!r} needs an explainer (e.g. explainer='gradcam'); native maps have no layer")
+        self.explainer, self.explainer_layer = explainer, explainer_layer
+        self.explainer_method = None  # built by attach_explainer once the family has built its modules
         for pattern in trainable or ():
             try:
                 re.compile(pattern)
@@ -152,6 +170,45 @@ class ZeroShotModel(L.LightningModule):
     def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         raise NotImplementedError
 
+    # -- explainers --------------------------------------------------------------------------
+    def attach_explainer(self) -> None:
+        """Build the ``explainer`` (each family calls this once its modules are built): a layer the model lacks,
+        or a method its architecture has nothing for, fails here, before any data is read."""
+        if self.explainer != "native":
+            from xbench_pl.explainers import build_explainer  # pytorch-grad-cam loads only where a model explains
+
+            self.explainer_method = build_explainer(self, self.explainer, self.explainer_layer)
+
+    @property
+    def explainer_info(self) -> dict:
+        """``{"name", "target_layer", "target", "library", "version"}`` of this model's maps."""
+        from xbench_pl.explainers import explainer_info
+
+        return explainer_info(self.explainer, self.explainer_method, self.EXPLAINER_TARGET)
+
+    def explainer_target(self, images: torch.Tensor, classes: list[str], grad: bool = True) -> torch.Tensor:
+        """``[B, C]``: what explainers explain, ``zero_shot``'s logits or scores (``EXPLAINER_TARGET``), with autograd
+        unless ``grad`` is false."""
+        output = self.zero_shot_with_grad(images, classes) if grad else self.zero_shot(images, classes)
+        return output.logits if self.EXPLAINER_TARGET == "logits" else output.scores
+
+    def drop_inference_caches(self) -> None:
+        """Clear the caches holding tensors made in inference mode, which autograd cannot use (explainers)."""
+        for value in vars(self).values():
+            if isinstance(value, EmbeddingCache) and value.holds_inference_tensors():
+                value.clear()
+
+    def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        """``zero_shot``, its maps replaced by the explainer's (the explainer runs first, so that the caches it
+        fills outside inference mode serve the native forward too)."""
+        if self.explainer_method is None:
+            return self.zero_shot(images, classes)
+        from xbench_pl.explainers import explain
+
+        maps = explain(self.explainer_method, self, images, classes)
+        output = self.zero_shot(images, classes)
+        return ZeroShotOutput(scores=output.scores, saliency=maps.to(output.saliency.device), logits=output.logits)
+
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""
         self.random_weights = True
@@ -174,7 +231,7 @@ class ZeroShotModel(L.LightningModule):
             self.add_dataset(spec.name, spec.classes)
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
-        output = self.zero_shot(batch.images, batch.classes)
+        output = self.explained(batch.images, batch.classes)
         b, c = batch.labels.shape
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
             raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "

@@ -207,6 +207,8 @@ class CARZero(ZeroShotModel):
     SAFE_GLOBALS = SAFE_GLOBALS
     TRAINABLE = (r"^mlp_head\.",)  # fit: the score head (its text embeddings are computed without gradients)
     INPUT_SIZES = {224: "carzero"}
+    IMAGE_TOWER = "image"
+    EXPLAINER_TARGET = "logits"  # its raw (i2t + t2i) / 2
 
     def __init__(
         self,
@@ -239,6 +241,7 @@ class CARZero(ZeroShotModel):
         self.preprocess = preprocess_from(config)
         self._text_cache = EmbeddingCache()
         load_or_warn(self, weights)
+        self.attach_explainer()
 
     def build(self, config: dict, base: Path) -> None:
         self.image = ViTPatches(**config["image"])
@@ -317,13 +320,16 @@ class CARZero(ZeroShotModel):
     def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         out = self.similarities(images, tuple(self.prompt_for(c) for c in classes))
         logits = out["logits"].float()
-        attn = out["attn"].float()[..., 1:]  # drop the image-CLS key
+        attn = out["attn"].float()
         total = attn[self.attn_layers[0]]
         for layer in self.attn_layers[1:]:
             total = total + attn[layer]
-        maps = total / len(self.attn_layers)
-        return ZeroShotOutput(scores=torch.sigmoid(logits), saliency=maps.unflatten(-1, self.image.embeddings.grid),
-                              logits=logits)
+        maps = self.decoder_maps(total / len(self.attn_layers), classes, self.image.embeddings.grid)
+        return ZeroShotOutput(scores=torch.sigmoid(logits), saliency=maps, logits=logits)
+
+    def decoder_maps(self, per_query: torch.Tensor, classes: list[str], grid: tuple[int, int]) -> torch.Tensor:
+        """``[B, C, 1 + N]`` over the i2t decoder's image tokens -> ``[B, C, h, w]``: the image-CLS key dropped."""
+        return per_query[..., 1:].unflatten(-1, grid)
 
 
 # -- local files only --------------------------------------------------------------------------

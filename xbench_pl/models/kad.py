@@ -148,6 +148,7 @@ class KAD(ZeroShotModel):
     QUERY_SETS = get_args(QuerySet)
     TRAINABLE = (r"^mlp_head\.",)  # fit: the classifier head (queries are embedded without gradients)
     INPUT_SIZES = {224: "kad-224", 512: "kad-512", 1024: "kad-1024"}  # --model.image_size -> the released variant
+    IMAGE_TOWER = "image"
 
     def __init__(
         self,
@@ -179,6 +180,7 @@ class KAD(ZeroShotModel):
         self.preprocess = preprocess_from(config)
         self._query_cache = EmbeddingCache()
         load_or_warn(self, weights)
+        self.attach_explainer()
 
     def build(self, config: dict, base: Path, tokenizer: str | None) -> None:
         """The towers, decoder and head of ``config``, with random weights."""
@@ -255,8 +257,12 @@ class KAD(ZeroShotModel):
         logits, attn, grid = self.decode(images, self.query_embeddings(texts))
         index = torch.tensor(index, device=images.device)
         scores = logits.float().softmax(dim=-1)[..., 1].index_select(1, index)
-        maps = attn[self.attn_layers].float().mean(dim=0).index_select(1, index)
-        return ZeroShotOutput(scores=scores, saliency=maps.unflatten(-1, grid))
+        return ZeroShotOutput(scores=scores, saliency=self.decoder_maps(attn[self.attn_layers].float().mean(dim=0), classes, grid))
+
+    def decoder_maps(self, per_query: torch.Tensor, classes: list[str], grid: tuple[int, int]) -> torch.Tensor:
+        """``[B, Q, N]`` over the decoded queries -> ``[B, C, h, w]``: each class's query (its native maps' reduction)."""
+        _, index = self.query_texts(classes)
+        return per_query.index_select(1, torch.tensor(index, device=per_query.device)).unflatten(-1, grid)
 
 
 # -- local files only --------------------------------------------------------------------------

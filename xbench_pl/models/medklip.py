@@ -323,6 +323,7 @@ class MedKLIP(ZeroShotModel):
     LAYOUT = "MedKLIP"
     RELEASED = "checkpoint_final.pth"
     INPUT_SIZES = {224: "medklip"}
+    IMAGE_TOWER = "image"
     KNOWLEDGE_HINT = ("the user's copy of MedKLIP's 'observation explanation.json' (MediaBrain-SJTU/MedKLIP, "
                       "PreTrain_MedKLIP/data_file/; 75 entity descriptions) as knowledge=FILE")
 
@@ -368,6 +369,7 @@ class MedKLIP(ZeroShotModel):
         self.preprocess = preprocess_from(config)
         self._query_cache = EmbeddingCache()  # of the text encoder's outputs: loading model weights leaves it valid
         load_or_warn(self, weights)
+        self.attach_explainer()
 
     # -- architecture ----------------------------------------------------------------------------
     def build(self, config: dict) -> None:
@@ -528,10 +530,18 @@ class MedKLIP(ZeroShotModel):
 
     def saliency(self, attn: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """``attn [L, B, Q, N]`` -> ``[B, n, h, w]``: layers averaged, then the map concepts reduced."""
-        maps = attn[self.attn_layers].float().mean(dim=0)
-        maps = maps.unflatten(1, (-1, len(self.concepts)))[:, :, self.map_concepts]
+        return self.entity_maps(attn[self.attn_layers].float().mean(dim=0), grid)
+
+    def entity_maps(self, per_query: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``[B, Q, N]`` over the queries (entity-major) -> ``[B, n, h, w]``: the map concepts reduced."""
+        maps = per_query.unflatten(1, (-1, len(self.concepts)))[:, :, self.map_concepts]
         maps = maps.mean(dim=2) if self.map_reduce == "mean" else maps.amax(dim=2)
         return maps.unflatten(-1, grid)
+
+    def decoder_maps(self, per_query: torch.Tensor, classes: list[str], grid: tuple[int, int]) -> torch.Tensor:
+        """``[B, Q, N]`` over the decoded queries -> ``[B, C, h, w]``, as the native maps reduce the attention."""
+        _, index = self.query_texts(classes)
+        return self.entity_maps(per_query, grid).index_select(1, torch.tensor(index, device=per_query.device))
 
     def scores(self, decoded: dict[str, torch.Tensor]) -> torch.Tensor:
         return decoded["logits"].float().softmax(dim=-1)[..., 1]

@@ -234,6 +234,7 @@ class OpenCLIPModel(ZeroShotModel):
         **kwargs: ``ZeroShotModel`` options (normalize, fixed_threshold, score_threshold).
     """
 
+    IMAGE_TOWER = "model.visual"
     TRAINABLE = (r"^model\.text_projection$", r"^model\.text\.proj\.", r"^model\.logit_scale$")  # fit: text projection, temperature
 
     def __init__(
@@ -278,6 +279,7 @@ class OpenCLIPModel(ZeroShotModel):
         self.preprocess = preprocess_for(self.model, preprocess_cfg)
         self.text_cache = TextEmbeddingCache(text_batch_size)
         self.eval()
+        self.attach_explainer()
 
     @staticmethod
     def make_tokenizer(text_cfg: dict, tokenizer: str | None, checkpoint: str | None):

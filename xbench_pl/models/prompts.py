@@ -75,6 +75,11 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._store)
 
+    def holds_inference_tensors(self) -> bool:
+        """Whether a stored value (a tensor or a tuple of them) was made in inference mode."""
+        values = [v for value in self._store.values() for v in (value if isinstance(value, tuple) else (value,))]
+        return any(isinstance(v, torch.Tensor) and torch.is_inference(v) for v in values)
+
     def __iter__(self) -> Iterator[tuple]:
         return iter(self._store)
 

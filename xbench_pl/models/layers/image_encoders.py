@@ -61,12 +61,19 @@ class _ViTLayer(nn.Module):
         self.output = Dense(mlp, width)
         self.layernorm_before = nn.LayerNorm(width, eps=eps)
         self.layernorm_after = nn.LayerNorm(width, eps=eps)
+        # set by an explainer (explainers.towers.recorded_attention): attention computed explicitly, its
+        # probabilities passed through this callable; None: the fused kernel
+        self.explicit_attention = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.layernorm_before(x)
         qkv = self.attention.attention
         q, k, v = (proj(h).unflatten(-1, (self.heads, -1)).transpose(1, 2) for proj in (qkv.query, qkv.key, qkv.value))
-        attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+        if self.explicit_attention is None:
+            attended = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attended = self.explicit_attention(((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+        attended = attended.transpose(1, 2).flatten(2)
         x = x + self.attention.output.dense(attended)
         return x + self.output.dense(F.gelu(self.intermediate.dense(self.layernorm_after(x))))
 

@@ -1,0 +1,175 @@
+"""Class activation maps through pytorch-grad-cam (PyPI ``grad-cam``), batched over findings.
+
+For finding c of an image the map is the library's own per-layer CAM: its ``get_cam_image`` on the
+target layer's activations and the gradients of the model's target ``y[:, c]`` (its logits where it
+exposes them, else its scores), followed by the ReLU its ``compute_cam_per_layer`` applies, on the
+layer's own grid, before the library's min-max scaling and resize (the benchmark warps and
+normalises every map itself).
+
+What the library would do per finding and per image, this does once per batch:
+
+* one forward with a hook on the target layer, whose output becomes a leaf of the graph: the tower
+  below it runs without autograd (every parameter is frozen meanwhile), and nothing is kept once
+  the maps are made;
+* the gradients of every finding in one ``torch.autograd.grad(..., is_grads_batched=True)``: the
+  gradient of ``sum_b y[b, c]`` is each image's own, since images do not interact (eval mode);
+* ScoreCAM: the library's ``get_cam_weights`` on chunks of channels, with a target that records each
+  masked forward's scores of every finding; the softmax over all channels and the weighted sum are
+  its own two lines, redone per finding. One pass over the masked inputs serves all findings, and
+  memory stays bounded by the chunk.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from importlib.metadata import version
+from typing import Iterator
+
+import numpy as np
+import torch
+from pytorch_grad_cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM, score_cam
+from torch import nn
+
+from xbench_pl.explainers.towers import token_grid
+
+CAM_METHODS = {"gradcam": GradCAM, "gradcam++": GradCAMPlusPlus, "hirescam": HiResCAM, "layercam": LayerCAM,
+               "xgradcam": XGradCAM, "eigencam": EigenCAM, "scorecam": ScoreCAM}
+#: channels whose masked inputs ScoreCAM scores per call (bounds the masked copies held at once)
+SCORECAM_CHANNELS = 64
+LIBRARY = "pytorch-grad-cam"
+
+
+def library_version() -> str:
+    return version("grad-cam")
+
+
+class TargetModel(nn.Module):
+    """The model as pytorch-grad-cam wants one: images -> the explained targets ``[B, C]``."""
+
+    def __init__(self, model: nn.Module, classes: list[str]):
+        super().__init__()
+        self.model, self.classes = model, classes
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.explainer_target(images, self.classes, grad=torch.is_grad_enabled())
+
+
+class RecordingTarget:
+    """A pytorch-grad-cam target that keeps each output row (every finding) it is shown."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def __call__(self, output: torch.Tensor) -> torch.Tensor:
+        self.rows.append(output.detach().float().cpu())
+        return output[0]
+
+
+@contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """No parameter requires a gradient while open: autograd records only from the explained layer on."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for parameter, _ in flags:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
+
+
+class _NoProgress:
+    """Stands for the ``tqdm`` module in ``pytorch_grad_cam.score_cam``, whose loop draws a bar per image."""
+
+    @staticmethod
+    def tqdm(iterable, *args, **kwargs):
+        return iterable
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """ScoreCAM's loop without its progress bars (they would interleave with the benchmark's own lines)."""
+    module = score_cam.tqdm
+    score_cam.tqdm = _NoProgress
+    try:
+        yield
+    finally:
+        score_cam.tqdm = module
+
+
+class CAMExplainer:
+    """``name`` (a key of ``CAM_METHODS``) on the module at ``layer`` of the model."""
+
+    def __init__(self, name: str, layer: str, grid: tuple[int, int] | None):
+        self.name, self.layer, self.grid = name, layer, grid
+        self.method = CAM_METHODS[name]
+        self.uses_gradients = name not in ("eigencam", "scorecam")
+
+    def activations(self, model: nn.Module, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target layer's output ``[B, ...]`` (a leaf of the graph when gradients are needed) and the targets ``[B, C]``."""
+        captured = []
+
+        def keep(module, inputs, output):
+            if not isinstance(output, torch.Tensor):
+                raise ValueError(f"explainer layer {self.layer!r} returns {type(output).__name__}, not a tensor")
+            captured.append(output.detach().requires_grad_(self.uses_gradients))
+            return captured[-1]
+
+        handle = model.get_submodule(self.layer).register_forward_hook(keep)
+        try:
+            with frozen_parameters(model):
+                targets = model.explainer_target(images, classes, grad=self.uses_gradients)
+        finally:
+            handle.remove()
+        if len(captured) != 1:
+            raise ValueError(f"explainer layer {self.layer!r} ran {len(captured)} times in one forward: choose a layer of "
+                             "the image tower, which runs once")
+        return captured[0], targets
+
+    def gradients(self, activation: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``[C, B, ...]``: the gradient of every finding's target with respect to the layer's output."""
+        count = targets.shape[1]
+        one_hot = torch.eye(count, dtype=targets.dtype, device=targets.device)[:, None, :].expand(count, *targets.shape)
+        gradient, = torch.autograd.grad(targets, activation, grad_outputs=one_hot, is_grads_batched=True, allow_unused=True)
+        if gradient is None:
+            raise ValueError(f"the model's targets do not depend on explainer layer {self.layer!r}: choose a layer they read")
+        return gradient
+
+    def as_map(self, tensor: torch.Tensor) -> np.ndarray:
+        """The layer's output (or its gradient) as the library takes it: float32 ``[B, K, h, w]`` on the host."""
+        return token_grid(tensor, self.grid, self.layer).float().cpu().numpy()
+
+    def saliency(self, model: nn.Module, images: torch.Tensor, classes: list[str]) -> torch.Tensor:
+        """``[B, C, h, w]`` on the layer's grid."""
+        activation, targets = self.activations(model, images, classes)
+        layer = model.get_submodule(self.layer)
+        cam = self.method(TargetModel(model, classes), [layer])
+        cam.activations_and_grads.release()  # its hooks: this class takes activations and gradients itself
+        features = self.as_map(activation.detach())
+        if self.name == "eigencam":  # no target: one map per image, the same for every finding
+            maps = [cam.get_cam_image(images, layer, None, features, None, False)] * len(classes)
+        elif self.name == "scorecam":
+            maps = self.scorecam(cam, images, layer, features, len(classes))
+        else:
+            gradients = self.gradients(activation, targets)
+            maps = [cam.get_cam_image(images, layer, None, features, self.as_map(g), False) for g in gradients]
+        return torch.from_numpy(np.maximum(np.stack(maps, axis=1), 0)).to(images.device)
+
+    @staticmethod
+    def scorecam(cam: ScoreCAM, images: torch.Tensor, layer: nn.Module, features: np.ndarray, count: int) -> list[np.ndarray]:
+        """Per finding, ScoreCAM's ``[B, h, w]``: channel weights = softmax over channels of the finding's
+        score on the input masked by each upsampled, min-max scaled channel (the library's masking and forwards)."""
+        scores = np.empty((*features.shape[:2], count), dtype=np.float32)
+        with torch.no_grad(), quiet_progress():
+            for image in range(features.shape[0]):
+                for start in range(0, features.shape[1], SCORECAM_CHANNELS):
+                    chunk = features[image:image + 1, start:start + SCORECAM_CHANNELS]
+                    recorder = RecordingTarget()
+                    cam.batch_size = SCORECAM_CHANNELS  # one forward per chunk
+                    cam.get_cam_weights(images[image:image + 1], layer, [recorder], chunk, None)
+                    scores[image, start:start + chunk.shape[1]] = torch.stack(recorder.rows).numpy()
+        maps = []
+        for finding in range(count):
+            weights = torch.nn.Softmax(dim=-1)(torch.from_numpy(scores[..., finding])).numpy()
+            maps.append((weights[:, :, None, None] * features).sum(axis=1))
+        return maps

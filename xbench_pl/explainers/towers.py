@@ -1,0 +1,133 @@
+"""What explainers need to know of a model's image tower and query decoder, whatever its family.
+
+A tower is found by type under the model's ``IMAGE_TOWER`` path: xbench_pl's ``ResNetPatches``
+(MedKLIP, MAVL, KAD) and ``ViTPatches`` (CARZero, DeViDe), open_clip's ``VisionTransformer`` (CLIP)
+and open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP). ``Tower`` gives the default CAM layer
+(the last ResNet stage; a ViT's last block's first norm, whose tokens every later step reads),
+the patch grid, and, for ViTs, ``recorded_attention``: each block's attention probabilities
+``[B, heads, T, T]``, computed explicitly so that they are part of the autograd graph (the fused
+kernels the towers use for inference return none). Token 0 of every supported ViT is its class
+token; patch tokens are the last ``h * w``.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from open_clip.timm_model import TimmModel
+from open_clip.transformer import VisionTransformer
+from torch import nn
+
+from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
+from xbench_pl.models.layers.query_decoder import QueryDecoder
+
+#: called with each attention probability tensor as it is computed; returns the tensor used onwards
+Recorder = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Tower:
+    """The image tower at ``path`` of a model: ``kind`` ``"resnet"`` or ``"vit"``."""
+
+    path: str
+    module: nn.Module
+    kind: str
+    cam_layer: str
+    grid: tuple[int, int] | None  # a ViT's patch grid
+    blocks: list[nn.Module]  # a ViT's attention sites, input to output (empty for a ResNet)
+
+
+def image_tower(model: nn.Module) -> Tower:
+    """The ``Tower`` of ``model`` (at its ``IMAGE_TOWER`` path)."""
+    path = getattr(model, "IMAGE_TOWER", None)
+    module = model.get_submodule(path) if path else None
+    if isinstance(module, ResNetPatches):
+        return Tower(path, module, "resnet", f"{path}.layer{module.stage}", None, [])  # a feature map carries its grid
+    if isinstance(module, ViTPatches):
+        layers = list(module.encoder.layer)
+        return Tower(path, module, "vit", f"{path}.encoder.layer.{len(layers) - 1}.layernorm_before",
+                     tuple(module.embeddings.grid), layers)
+    if isinstance(module, VisionTransformer):
+        blocks = list(module.transformer.resblocks)
+        return Tower(path, module, "vit", f"{path}.transformer.resblocks.{len(blocks) - 1}.ln_1", tuple(module.grid_size),
+                     [block.attn for block in blocks])
+    if isinstance(module, TimmModel) and hasattr(module.trunk, "blocks"):
+        blocks = list(module.trunk.blocks)
+        return Tower(path, module, "vit", f"{path}.trunk.blocks.{len(blocks) - 1}.norm1",
+                     tuple(module.trunk.patch_embed.grid_size), [block.attn for block in blocks])
+    raise ValueError(f"{type(model).__name__} has no image tower an explainer knows (ResNetPatches, ViTPatches, open_clip "
+                     f"VisionTransformer or timm ViT trunk) at {path!r}: use --model.explainer native")
+
+
+def query_decoder(model: nn.Module) -> QueryDecoder | None:
+    decoder = getattr(model, "decoder", None)
+    return decoder if isinstance(decoder, QueryDecoder) else None
+
+
+def explicit_multihead_forward(mha: nn.MultiheadAttention, record: Recorder) -> Callable:
+    """A forward for ``mha`` (batch-first or sequence-first, self- or cross-attention, no masks) that computes
+    its attention explicitly through ``record``; it returns what ``nn.MultiheadAttention.forward`` returns."""
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError("explainers take nn.MultiheadAttention with packed projections, no bias_k/v, no zero attention")
+
+    def forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+                is_causal=False):
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise ValueError("explainers record attention without masks; this attention is masked")
+        if mha.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        length, batch, width = query.shape
+        heads = mha.num_heads
+        weights = mha.in_proj_weight.chunk(3)
+        biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
+        q, k, v = (F.linear(x, w, b).unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)
+                   for x, w, b in zip((query, key, value), weights, biases))  # [B, heads, L, d]
+        probs = record(((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1))
+        out = mha.out_proj((probs @ v).permute(2, 0, 1, 3).reshape(length, batch, width))
+        if mha.batch_first:
+            out = out.transpose(0, 1)
+        if not need_weights:
+            return out, None
+        return out, probs.mean(dim=1) if average_attn_weights else probs
+
+    return forward
+
+
+@contextmanager
+def recorded_attention(sites: list[nn.Module], recorder: Callable[[nn.Module], Recorder]) -> Iterator[None]:
+    """While open, every attention site (a ``ViTPatches`` layer, an ``nn.MultiheadAttention`` or a timm
+    ``Attention``) computes its attention explicitly and passes the probabilities through ``recorder(site)``."""
+    with ExitStack() as stack:
+        for site in sites:
+            record = recorder(site)
+            if isinstance(site, nn.MultiheadAttention):
+                site.forward = explicit_multihead_forward(site, record)
+                stack.callback(delattr, site, "forward")
+            elif hasattr(site, "explicit_attention"):  # ViTPatches' layers
+                site.explicit_attention = record
+                stack.callback(setattr, site, "explicit_attention", None)
+            elif hasattr(site, "fused_attn") and hasattr(site, "attn_drop"):  # timm: its own explicit path
+                fused = site.fused_attn
+                site.fused_attn = False
+                stack.callback(setattr, site, "fused_attn", fused)
+                handle = site.attn_drop.register_forward_hook(lambda module, inputs, output: record(output))
+                stack.callback(handle.remove)
+            else:
+                raise ValueError(f"explainers cannot record the attention of {type(site).__name__}")
+        yield
+
+
+def token_grid(activation: torch.Tensor, grid: tuple[int, int] | None, layer: str) -> torch.Tensor:
+    """A target layer's output as a feature map ``[B, K, h, w]``: a feature map as it is; ViT tokens
+    ``[B, T, D]`` without their leading class/register tokens, patches laid out on ``grid`` (row = y)."""
+    if activation.dim() == 4:
+        return activation
+    if activation.dim() == 3 and grid is not None and activation.shape[1] >= grid[0] * grid[1]:
+        patches = activation[:, activation.shape[1] - grid[0] * grid[1]:]
+        return patches.transpose(1, 2).unflatten(2, grid)
+    raise ValueError(f"explainer layer {layer!r} gives {tuple(activation.shape)}: a CAM needs a feature map [B, K, h, w] or "
+                     f"batch-first patch tokens [B, T, D] of the image tower ({grid} patches)")
