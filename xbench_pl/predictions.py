@@ -48,7 +48,7 @@ MAGIC = b"XBPSHRD1"
 SHARD_SUFFIX = ".xbp"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 #: manifest keys that must agree for two runs to write into one store
-FINGERPRINT = ("format", "xbench_pl", "model_name", "random_weights", "config", "metrics", "dtype")
+FINGERPRINT = ("format", "xbench_pl", "model_name", "random_weights", "explainer", "config", "metrics", "dtype")
 
 
 class StoreError(ValueError):
@@ -176,12 +176,14 @@ def metric_settings(model) -> dict:
     return {name: getattr(model, name) for name in names if hasattr(model, name)}
 
 
-def manifest(model_name: str | None, config: dict, metrics: dict, dtype: str, random_weights: bool) -> dict:
+def manifest(model_name: str | None, config: dict, metrics: dict, dtype: str, random_weights: bool,
+             explainer: dict | None = None) -> dict:
     """What a store records of the run that writes it (as JSON data: tuples become lists, so that it compares equal when read back)."""
     import xbench_pl
 
     return json.loads(json.dumps({"format": FORMAT, "xbench_pl": xbench_pl.__version__, "model_name": model_name,
-                                  "random_weights": random_weights, "config": config, "metrics": metrics, "dtype": dtype}))
+                                  "random_weights": random_weights, "explainer": explainer, "config": config, "metrics": metrics,
+                                  "dtype": dtype}))
 
 
 def _flat(value, prefix: str = "") -> dict:

@@ -143,7 +143,13 @@ def extra_markdown(d: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     datasets = report["datasets"]
     title = f"# {report['model']}" + (" (RANDOM weights: a smoke test, not a result)" if report.get("random_weights") else "")
-    parts = [title, "", "## Per dataset (macro mean over findings; counts summed)", "",
+    parts = [title, ""]
+    explainer = report.get("explainer")
+    if explainer and explainer["name"] != "native":
+        target = f", target: {explainer['target']}" if explainer.get("target") else ""
+        parts += [f"Maps: {explainer['name']} on `{explainer['target_layer']}`{target} ({explainer['library']} "
+                  f"{explainer['version']}).", ""]
+    parts += ["## Per dataset (macro mean over findings; counts summed)", "",
              markdown_table({name: d["mean"] for name, d in datasets.items()}, "dataset")]
     for name, d in datasets.items():
         parts += ["", f"## {name}", "", markdown_table(d["classes"], "finding")]
@@ -219,9 +225,11 @@ def provenance(trainer, started: float) -> dict:
 
 
 def build_report(model: str, results: dict[str, dict], problems: dict[str, list], config: dict,
-                 random_weights: bool = False, provenance: dict | None = None) -> dict:
+                 random_weights: bool = False, provenance: dict | None = None, explainer: dict | None = None) -> dict:
     datasets = {name: {**table, "problems": [p.to_dict() for p in problems.get(name, [])]} for name, table in results.items()}
     report = {"model": model, "random_weights": random_weights, "datasets": datasets, "config": config}
+    if explainer is not None:
+        report["explainer"] = explainer
     if provenance is not None:
         report["provenance"] = provenance
     return report

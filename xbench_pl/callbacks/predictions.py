@@ -81,7 +81,7 @@ class PredictionWriter(Callback):
 
     def wanted_manifest(self, trainer, pl_module) -> dict:
         return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), metric_settings(pl_module), self.dtype,
-                        bool(getattr(pl_module, "random_weights", False)))
+                        bool(getattr(pl_module, "random_weights", False)), getattr(pl_module, "explainer_info", None))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "test":

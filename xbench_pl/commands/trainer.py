@@ -183,6 +183,8 @@ class XBenchCLI(LightningCLI):
 
     def before_test(self) -> None:
         self.model.model_name = self.config[self.subcommand].get("model_name")  # captions of the visual callbacks
+        for logger in self.trainer.loggers:  # W&B's run config (CSV: hparams.yaml) says where the maps came from
+            logger.log_hyperparams({"explainer": self.model.explainer_info})
 
     def instantiate_trainer(self, **kwargs):
         kwargs = {**kwargs, "callbacks": self.trainer_callbacks()}
@@ -292,6 +294,7 @@ class XBenchCLI(LightningCLI):
             config=report_config(settings),
             random_weights=bool(getattr(self.model, "random_weights", False)),
             provenance=provenance(self.trainer, self.started),
+            explainer=self.model.explainer_info,
         )
         out = publish_report(report, settings["out"], self.columns)
         if report["random_weights"]:
