@@ -220,15 +220,22 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
             else:
                 size = preprocess.size
                 affine = [list(preprocess.plan(H, W)[1]) for _, (H, W), _, _ in items]
-            score_rows = torch.tensor([row for *_, row in items], dtype=torch.float32)
-            all_scored &= not bool(torch.isnan(score_rows).any())
-            shard = {"classes": classes, "image_ids": [i for i, *_ in items], "input_size": size,
-                     "original_size": torch.tensor([s for _, s, _, _ in items]),
-                     "affine": torch.tensor(affine, dtype=torch.float64),
-                     "scores": torch.nan_to_num(score_rows, nan=0.5), "saliency": torch.stack([m for *_, m, _ in items])}
-            replay(replayer, dataset, shard, chunk=chunk)
+            all_scored &= replay_items(replayer, dataset, items, size, affine, chunk)
         progress.step(len(part))
     return len(kept), all_scored
+
+
+def replay_items(replayer: Replayer, dataset: XBenchDataset, items: list, size: int, affine: list, chunk: int) -> bool:
+    """Feed ``items``, ``(image_id, (H, W), maps [C, h, w], scores [C] with NaN for none)`` per image, each map
+    spanning a ``size`` square input placed by its ``affine`` ``(sx, sy, tx, ty)``, into ``replayer`` as one shard
+    (``predictions.replay``); returns whether every pair had a score (a missing one is fed as 0.5)."""
+    score_rows = torch.tensor([row for *_, row in items], dtype=torch.float32)
+    shard = {"classes": list(dataset.classes), "image_ids": [i for i, *_ in items], "input_size": size,
+             "original_size": torch.tensor([s for _, s, _, _ in items]),
+             "affine": torch.tensor(affine, dtype=torch.float64),
+             "scores": torch.nan_to_num(score_rows, nan=0.5), "saliency": torch.stack([m for *_, m, _ in items])}
+    replay(replayer, dataset, shard, chunk=chunk)
+    return not bool(torch.isnan(score_rows).any())
 
 
 def grounding_only(table: dict) -> dict:

@@ -15,7 +15,8 @@ settings (default: the run's). Every evaluated image must be in the store, and e
 read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
 the run with ``test ... --predictions DIR --resume``).
 
-``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``MAPS_HELP``).
+``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``MAPS_HELP``), and
+``score --boxes FILE --data NAME ...`` boxes predicted elsewhere (``BOXES_HELP``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,35 @@ Without any score the run is grounding-only: the recognition keys (``auroc``, ``
 and listed in ``problems`` (naming the findings missing); maps matching no evaluated image or
 finding are counted there too. A map that cannot be read, is not 2-D or holds NaN/inf is an error
 naming its file (exit 1); so is an image whose maps differ in size (score them as separate runs).
+"""
+
+#: the columns of a box file (``external_boxes``)
+BOX_LAYOUT = "image_id,finding,x_min,y_min,x_max,y_max[,confidence][,score]"
+BOXES_HELP = f"""``python -m xbench_pl score --boxes FILE --data NAME [--data.ARG V] [--out DIR] ...``.
+
+Scores boxes predicted by anything (a detector; a grounded report generator such as MAIRA-2, its
+boxes parsed from the text) with the benchmark's own metrics, like ``score --maps``: each (image,
+finding) becomes a map, the pixel-wise maximum of the confidences of the boxes covering the pixel
+(1 without a confidence column), drawn on the eval grid exactly as the ground-truth boxes are, so the
+ground-truth boxes themselves score Pointing Game, dice_best and iou_best 1. No model is built;
+images are not decoded (only their headers, for their size).
+
+``FILE`` is ``.csv`` (with a header) or ``.jsonl`` / ``.json`` (JSON lines), one box per row:
+
+    {BOX_LAYOUT}
+
+Corners are the original image's continuous pixel coordinates (pixel i spans [i, i + 1): inclusive
+integer corners add 1 to x_max and y_max) and must lie inside the image.
+``confidence`` is in [0, 1]; ``score`` (in [0, 1]) is the (image, finding) recognition score, the same
+on every row of a pair; a row with empty corners and a score scores a pair without a box.
+
+Recognition: the score column, else each pair's maximum confidence; a pair without a row scores 0.
+Without both columns the run is grounding-only (the recognition keys are null). Every evaluated image
+is scored: a pair without a box has a constant zero map, which scores as the ``uniform`` baseline
+(Pointing Game = the region's area fraction, chance). A malformed row (a missing column, not a number,
+x_max <= x_min, a confidence or score outside [0, 1]), an image the dataset does not evaluate, an
+unknown finding, a box outside its image or scores of one pair that differ end the command naming the
+file and row (exit 1); with ``--data.on_error skip`` the row is left out and listed in ``problems``.
 """
 
 #: ``--help`` of both forms: the options all take
@@ -146,8 +176,10 @@ def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--maps" or a.startswith("--maps=") for a in argv):  # maps made elsewhere: score_maps.py
+    if any(a == "--maps" or a.startswith("--maps=") for a in argv):  # maps made elsewhere
         return score_maps(argv)
+    if any(a == "--boxes" or a.startswith("--boxes=") for a in argv):  # boxes predicted elsewhere
+        return score_boxes(argv)
     folder, rest = take_option(argv, "--predictions")
     if folder is None:
         if any(a in ("-h", "--help") for a in rest):
@@ -155,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                                "[--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", __doc__.split("\n\n", 1)[1], {
                 "--predictions DIR": f"the prediction store ({PROG} test --predictions DIR)",
                 "--data NAME": "the dataset to score on (default: the store's)", **SHARED_HELP,
-                "--maps DIR": f"score saliency maps made elsewhere instead ({PROG} score --maps DIR --help)"}))
+                "--maps DIR": f"score saliency maps made elsewhere instead ({PROG} score --maps DIR --help)",
+                "--boxes FILE": f"score boxes predicted elsewhere instead ({PROG} score --boxes FILE --help)"}))
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
@@ -184,45 +217,84 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def score_maps(argv: list[str]) -> int:
-    """``score --maps DIR``: maps made elsewhere (``MAPS_HELP``)."""
-    started = time.time()
-    folder, rest = take_option(list(argv), "--maps")
+def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, options: dict[str, str],
+                 cxl: bool = True, chunk: int = 64) -> SimpleNamespace | int:
+    """What ``score --maps`` and ``score --boxes`` share before reading their input: ``source`` (``flag``'s
+    value, ``what`` the help calls it), the table ``columns``, the ``datamodule_class`` (``--data NAME``) and
+    its ``chosen`` settings, the ``metrics`` settings and the parsed ``args``; or the exit code (0 after
+    ``--help``, 2 on a usage error)."""
+    source, rest = take_option(list(argv), flag)
     name, rest = take_option(rest, "--data")
     if any(a in ("-h", "--help") for a in rest):
-        print(command_help("score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
-                           "[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", MAPS_HELP.split("\n\n", 1)[1], {
-            "--maps DIR": "the folder of maps (and optional scores.csv, preprocess.json)",
-            "--data NAME": "the dataset the maps are of", **SHARED_HELP,
-            "--cxl true": "also CheXlocalize's hit rate and mIoU at full resolution",
-            "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"}))
+        print(command_help(usage, text, options))
         return 0
-    if folder is None or name is None:
-        print(f"error: score --maps DIR needs --data NAME (the dataset the maps are of)", file=sys.stderr)
+    if source is None or name is None:
+        print(f"error: score {flag} {what} needs --data NAME (the dataset they are of)", file=sys.stderr)
         return 2
     try:
         columns, rest = take_columns(rest)
+        datamodule_class, defaults = read_config("data", name)
     except UsageProblem as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    folder = Path(folder)
-    if not folder.is_dir():
-        print(f"error: --maps {folder}: not a folder", file=sys.stderr)
-        return 2
-    try:
-        datamodule_class, defaults = read_config("data", name)
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: --data {name}: {error}", file=sys.stderr)
         return 2
     parser = build_parser(datamodule_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
-    parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
+    parser.set_defaults(chunk=chunk)
+    if cxl:
+        parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
     parser.add_argument("--bootstrap", type=NonNegativeInt, default=1000, help="bootstrap resamples for ci (0 = off)")
     args = parser.parse_args(rest)
     check_writable({"--out": args.out})
-    chosen = args.data.as_dict()
-    metrics = {k: getattr(args, k) for k in METRIC_OPTIONS}
-    from xbench_pl.external_maps import grounding_only, index_maps, read_scores, score_dataset
-    from xbench_pl.predictions import compute_tables, metrics_replayer
+    settings = {"cxl": args.cxl} if cxl else {}
+    return SimpleNamespace(source=Path(source), columns=columns, datamodule_class=datamodule_class, chosen=args.data.as_dict(),
+                           metrics={k: getattr(args, k) for k in METRIC_OPTIONS}, settings={**settings, "bootstrap": args.bootstrap},
+                           args=args)
+
+
+def external_replayer(run: SimpleNamespace):
+    """The datamodule of ``run`` (``external_run``) and a ``Replayer`` holding its metrics, as asked."""
+    from xbench_pl.predictions import metrics_replayer
+
+    datamodule = run.datamodule_class(**run.chosen)
+    return datamodule, metrics_replayer(datamodule, **run.metrics, **run.settings)
+
+
+def publish_external(run: SimpleNamespace, started: float, key: str, datamodule, replayer, scored: dict[str, bool],
+                     **model_config) -> Path:
+    """Compute and publish the tables of ``run`` (grounding-only where a dataset had no scores, ``scored``);
+    ``key`` names the input in the config (``maps``, ``boxes``), ``model_config`` adds to its model entry."""
+    from xbench_pl.external_maps import grounding_only
+    from xbench_pl.predictions import compute_tables
+
+    results = compute_tables(replayer)
+    for name, all_scored in scored.items():
+        if not all_scored:
+            grounding_only(results[name])
+    config = {key: str(run.source), "data": {"class_path": qualified_name(run.datamodule_class), "init_args": run.chosen},
+              "model": {"init_args": {**run.metrics, **run.settings}, **model_config,
+                        "scores": "given" if all(scored.values()) else "none or incomplete: grounding only"}}
+    return publish_scores(run.args.out, started, str(run.source), model=f"{key}:{run.source.name}", results=results,
+                          problems=datamodule_problems(datamodule), config=config, columns=run.columns)
+
+
+def score_maps(argv: list[str]) -> int:
+    """``score --maps DIR``: maps made elsewhere (``MAPS_HELP``)."""
+    started = time.time()
+    run = external_run("--maps", "DIR", argv, "score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] [--bootstrap N] "
+                       "[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", MAPS_HELP.split("\n\n", 1)[1], {
+                           "--maps DIR": "the folder of maps (and optional scores.csv, preprocess.json)",
+                           "--data NAME": "the dataset the maps are of", **SHARED_HELP,
+                           "--cxl true": "also CheXlocalize's hit rate and mIoU at full resolution",
+                           "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"})
+    if isinstance(run, int):
+        return run
+    folder = run.source
+    if not folder.is_dir():
+        print(f"error: --maps {folder}: not a folder", file=sys.stderr)
+        return 2
+    from xbench_pl.external_maps import index_maps, read_scores, score_dataset
 
     try:
         preprocess, preprocess_config = None, None
@@ -234,25 +306,43 @@ def score_maps(argv: list[str]) -> int:
                 raise DataError(folder / "preprocess.json", f"not a Preprocess ({error})") from None
         scores = read_scores(folder / "scores.csv") if (folder / "scores.csv").is_file() else {}
         files = index_maps(folder)
-        datamodule = datamodule_class(**chosen)
-        replayer = metrics_replayer(datamodule, **metrics, cxl=args.cxl, bootstrap=args.bootstrap)
+        datamodule, replayer = external_replayer(run)
         scored = {}
         for child in datamodule.datamodules:
-            scored[child.name] = score_dataset(child, files, scores, preprocess, replayer, args.chunk)
+            scored[child.name] = score_dataset(child, files, scores, preprocess, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    results = compute_tables(replayer)
-    for n, (_, all_scored) in scored.items():
-        if not all_scored:
-            grounding_only(results[n])
-    config = {"maps": str(folder), "data": {"class_path": qualified_name(datamodule_class),
-                                            "init_args": chosen},
-              "model": {"init_args": {**metrics, "cxl": args.cxl, "bootstrap": args.bootstrap},
-                        "preprocess": preprocess_config,
-                        "scores": "given" if all(s for _, s in scored.values()) else "none or incomplete: grounding only"}}
-    out = publish_scores(args.out, started, str(folder), model=f"maps:{folder.name}", results=results,
-                         problems=datamodule_problems(datamodule), config=config, columns=columns)
+    out = publish_external(run, started, "maps", datamodule, replayer, {n: s for n, (_, s) in scored.items()},
+                           preprocess=preprocess_config)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
           f"{', '.join(f'{n}: {k} image(s)' for n, (k, _) in scored.items())})")
+    return 0
+
+
+def score_boxes(argv: list[str]) -> int:
+    """``score --boxes FILE``: boxes predicted elsewhere (``BOXES_HELP``)."""
+    started = time.time()
+    run = external_run("--boxes", "FILE", argv, "score --boxes FILE --data NAME [--data.ARG V] [--out DIR] [--bootstrap N] "
+                       "[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", BOXES_HELP.split("\n\n", 1)[1], {
+                           "--boxes FILE": f"the boxes: .csv or .jsonl with {BOX_LAYOUT}",
+                           "--data NAME": "the dataset the boxes are of", **SHARED_HELP,
+                           "--chunk N": "images replayed per metric update (default: 16; box maps are eval-grid sized)",
+                           "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"}, cxl=False, chunk=16)
+    if isinstance(run, int):
+        return run
+    if not run.source.is_file():
+        print(f"error: --boxes {run.source}: no such file", file=sys.stderr)
+        return 2
+    from xbench_pl.external_boxes import score_box_file
+
+    try:
+        datamodule, replayer = external_replayer(run)
+        scored = score_box_file(run.source, datamodule, replayer, run.args.chunk)
+    except (DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    out = publish_external(run, started, "boxes", datamodule, replayer, {n: s for n, (_, _, s) in scored.items()})
+    print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the boxes in {run.source}; "
+          f"{', '.join(f'{n}: {k} image(s), {b} with a box' for n, (k, b, _) in scored.items())})")
     return 0
