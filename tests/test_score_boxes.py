@@ -11,7 +11,7 @@ import torch
 from xbench_pl.commands import main
 from xbench_pl.data.regions import Box
 from xbench_pl.data.synthetic import ensure_demo
-from xbench_pl.external_boxes import BoxRow, eval_grid_affine, max_confidence_map, pair_scores
+from xbench_pl.external_boxes import BoxRow, eval_grid_affine, max_confidence_map, pair_scores, read_rows
 from xbench_pl.geometry import warp_to_eval_grid
 
 COLUMNS = ["image_id", "finding", "x_min", "y_min", "x_max", "y_max"]
@@ -189,6 +189,10 @@ def test_a_file_without_a_box_column_or_of_another_kind_is_refused(truth, tmp_pa
     assert score(capsys, other, tmp_path / "out")[0] == 1
     assert score(capsys, tmp_path / "absent.csv", tmp_path / "out")[0] == 2
     assert main(["score", "--boxes", str(path)]) == 2  # no --data
+    marked = tmp_path / "excel.csv"  # a spreadsheet's byte-order mark is not part of the first column's name
+    marked.write_text("image_id,finding,x_min,y_min,x_max,y_max\nphantom_000.png,Nodule,1,1,2,2\n", encoding="utf-8-sig")
+    assert read_rows(marked)[1] == [(2, {"image_id": "phantom_000.png", "finding": "Nodule", "x_min": "1", "y_min": "1",
+                                         "x_max": "2", "y_max": "2"})]
 
 
 def test_a_box_too_small_for_the_grid_is_recorded(truth, tmp_path, capsys):

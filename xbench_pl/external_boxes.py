@@ -65,7 +65,7 @@ class BoxRow:
 
 # -- reading -----------------------------------------------------------------------------------
 def _csv_rows(path: Path) -> tuple[set[str], list[tuple[int, dict | str]]]:
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:  # (a spreadsheet's byte-order mark is no column name)
         reader = csv.reader(handle)
         header = [h.strip() for h in next(reader, [])]
         rows = [(reader.line_num, dict(zip(header, cells)) if len(cells) <= len(header) else
