@@ -5,7 +5,9 @@ The others explain the model's target for each finding (its logits where it expo
 scores) with the field's methods: the CAMs of pytorch-grad-cam on a target layer (``cams``), and
 attention rollout and Chefer et al.'s relevance through the transformer attention (``relevance``).
 Every map comes out on its layer's own grid, raw: the benchmark warps and normalises it as it does
-native maps. Scores never change: they are the model's native forward's.
+native maps. Scores are the model's native forward's: a CAM's forward is that forward (with autograd from
+its layer on, equal to float32 round-off), and after rollout or Chefer (explicit attention) the native
+forward runs again.
 """
 
 from __future__ import annotations
@@ -54,14 +56,19 @@ def explainer_info(name: str, explainer: CAMExplainer | RelevanceExplainer | Non
             "library": LIBRARY if cam else "xbench_pl", "version": library_version() if cam else xbench_pl.__version__}
 
 
-def explain(explainer: CAMExplainer | RelevanceExplainer, model, images: torch.Tensor, classes: list[str]) -> torch.Tensor:
-    """``explainer``'s maps ``[B, C, h, w]``, with autograd wherever the caller runs (Lightning tests under
-    inference mode): inputs and cached embeddings made in inference mode are replaced by normal tensors."""
+def explain(explainer: CAMExplainer | RelevanceExplainer, model, images: torch.Tensor,
+            classes: list[str]) -> tuple[torch.Tensor, object | None]:
+    """``explainer``'s maps ``[B, C, h, w]`` and, where its forward is the model's native one, that forward's output
+    (detached; else None); with autograd wherever the caller runs (Lightning tests under inference mode): inputs
+    and cached embeddings made in inference mode are replaced by normal copies."""
     with torch.inference_mode(False):
-        model.drop_inference_caches()
+        model.thaw_caches()
         if torch.is_inference(images):
             images = images.clone()
-        return explainer.saliency(model, images, classes).detach()
+        maps, output = explainer.saliency(model, images, classes)
+    if output is not None:
+        output = type(output)(*(None if t is None else t.detach() for t in (output.scores, output.saliency, output.logits)))
+    return maps.detach(), output
 
 
 __all__ = ["EXPLAINERS", "ExplainerName", "build_explainer", "explain", "explainer_info"]

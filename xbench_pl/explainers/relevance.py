@@ -89,8 +89,9 @@ class RelevanceExplainer:
         self.name, self.tower = name, tower
         self.layer = "decoder" if name == "chefer" and has_decoder else tower.path
 
-    def saliency(self, model, images: torch.Tensor, classes: list[str]) -> torch.Tensor:
-        """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder)."""
+    def saliency(self, model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, None]:
+        """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder); no
+        output: the explicit attention's forward is not the native one."""
         decoder = query_decoder(model) if self.name == "chefer" else None
         decoder_sites = [] if decoder is None else [(layer.self_attn, layer.multihead_attn) for layer in decoder.layers]
         recorded: dict[int, list[torch.Tensor]] = {}
@@ -110,10 +111,10 @@ class RelevanceExplainer:
             return recorded[id(site)][0] if site is not None else None
 
         with frozen_parameters(model), recorded_attention(sites, recorder):
-            targets = model.explainer_target(images, classes, grad=differentiable)
+            targets = model.explainer_forward(images, classes, grad=differentiable)[1]
         tower_probs = [first(site) for site in self.tower.blocks]
         if self.name == "rollout":
-            return self.class_token_map(rollout(tower_probs), len(classes))
+            return self.class_token_map(rollout(tower_probs), len(classes)), None
         decoder_probs = [(first(s), first(c)) for s, c in decoder_sites]
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
         maps = []
@@ -131,7 +132,7 @@ class RelevanceExplainer:
                 tower = torch.eye(tokens, dtype=torch.float64, device=images.device).expand(images.shape[0], tokens, tokens)
             relevance = decoder_relevance(tower[:, -tokens:, -tokens:], layers)  # memory: the tower's last tokens
             maps.append(model.decoder_maps(relevance, classes, self.patch_grid(tokens))[:, finding])
-        return torch.stack(maps, dim=1).float()
+        return torch.stack(maps, dim=1).float(), None
 
     def patch_grid(self, tokens: int) -> tuple[int, int]:
         """The grid of a decoder's image memory: the ViT's patch grid, else the (square) feature map of ``tokens``."""

@@ -112,7 +112,7 @@ class ZeroShotModel(L.LightningModule):
         explainer: where the maps come from (``xbench_pl.explainers``): ``native`` (the authors' map),
             a pytorch-grad-cam CAM (``gradcam``, ``gradcam++``, ``hirescam``, ``layercam``, ``xgradcam``,
             ``eigencam``, ``scorecam``) of the model's target for each finding, ``rollout`` or ``chefer``.
-            Scores are the native forward's whatever the explainer.
+            Scores are the native forward's (a CAM's own forward, equal to float32 round-off).
         explainer_layer: the CAMs' target layer, a module path (``model.get_submodule``); None: the family's
             default (the image tower's last ResNet stage, or its last ViT block's first norm).
     """
@@ -186,28 +186,30 @@ class ZeroShotModel(L.LightningModule):
 
         return explainer_info(self.explainer, self.explainer_method, self.EXPLAINER_TARGET)
 
-    def explainer_target(self, images: torch.Tensor, classes: list[str], grad: bool = True) -> torch.Tensor:
-        """``[B, C]``: what explainers explain, ``zero_shot``'s logits or scores (``EXPLAINER_TARGET``), with autograd
-        unless ``grad`` is false."""
+    def explainer_forward(self, images: torch.Tensor, classes: list[str], grad: bool = True) -> tuple[ZeroShotOutput, torch.Tensor]:
+        """``zero_shot`` (with autograd unless ``grad`` is false) and what explainers explain in it, ``[B, C]``: its
+        logits or its scores (``EXPLAINER_TARGET``)."""
         output = self.zero_shot_with_grad(images, classes) if grad else self.zero_shot(images, classes)
-        return output.logits if self.EXPLAINER_TARGET == "logits" else output.scores
+        return output, output.logits if self.EXPLAINER_TARGET == "logits" else output.scores
 
-    def drop_inference_caches(self) -> None:
-        """Clear the caches holding tensors made in inference mode, which autograd cannot use (explainers)."""
+    def thaw_caches(self) -> None:
+        """Make the cached embeddings made in inference mode readable by autograd (explainers), keeping them."""
         for value in vars(self).values():
-            if isinstance(value, EmbeddingCache) and value.holds_inference_tensors():
-                value.clear()
+            if isinstance(value, EmbeddingCache):
+                value.thaw()
 
     def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
-        """``zero_shot``, its maps replaced by the explainer's (the explainer runs first, so that the caches it
-        fills outside inference mode serve the native forward too)."""
+        """``zero_shot``, its maps replaced by the explainer's. Scores and logits are the native forward's: a CAM's own
+        forward is that forward (the same operations, with autograd from its layer on); after an explainer that
+        changes the forward (explicit attention), the native forward runs again."""
         if self.explainer_method is None:
             return self.zero_shot(images, classes)
         from xbench_pl.explainers import explain
 
-        maps = explain(self.explainer_method, self, images, classes)
-        output = self.zero_shot(images, classes)
-        return ZeroShotOutput(scores=output.scores, saliency=maps.to(output.saliency.device), logits=output.logits)
+        maps, output = explain(self.explainer_method, self, images, classes)
+        if output is None:
+            output = self.zero_shot(images, classes)
+        return ZeroShotOutput(scores=output.scores, saliency=maps.to(output.scores.device), logits=output.logits)
 
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""

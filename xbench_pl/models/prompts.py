@@ -75,10 +75,15 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._store)
 
-    def holds_inference_tensors(self) -> bool:
-        """Whether a stored value (a tensor or a tuple of them) was made in inference mode."""
-        values = [v for value in self._store.values() for v in (value if isinstance(value, tuple) else (value,))]
-        return any(isinstance(v, torch.Tensor) and torch.is_inference(v) for v in values)
+    def thaw(self) -> None:
+        """Replace each stored tensor made in inference mode (alone or in a tuple) by a normal copy, which autograd
+        can read (explainers run outside inference mode): the embeddings stay cached, not recomputed."""
+        def normal(value):
+            return value.clone() if isinstance(value, torch.Tensor) and torch.is_inference(value) else value
+
+        with torch.inference_mode(False):
+            for key, value in self._store.items():
+                self._store[key] = tuple(normal(v) for v in value) if isinstance(value, tuple) else normal(value)
 
     def __iter__(self) -> Iterator[tuple]:
         return iter(self._store)

@@ -1,0 +1,177 @@
+"""What does an explainer cost? Per model and explainer: time and peak memory per image, relative to the
+native forward (``zero_shot``) on the same batch. Random weights in each model's released architecture.
+
+For each model (built once, full size) and each explainer: ``model.explained(batch, findings)`` under
+inference mode, as ``test_step`` runs it, with the 14 ChestX-ray14 findings. Times are the best of
+``--repeats`` runs, interleaved with the native forward's (a shared machine's load hits both alike); the
+native forward is measured with the model's own caches warm, as in a run. Peak memory is the most resident
+memory (RSS, sampled every millisecond) above what the process held before the call. Every explainer's
+maps also run through ``test_step``'s shape and NaN check, so a model that cannot run an explainer fails here.
+
+``--leak N`` then runs one explainer (``--leak-explainer``, default gradcam) on N images in batches and
+prints the RSS after each 10 % of them: it must stay flat (no graph or activation kept across batches).
+
+Run: ``python benchmarks/bench_explainers.py [--models clip biomedclip medklip mavl kad_224 devide carzero]
+[--explainers gradcam hirescam ...] [--batch 4] [--repeats 2] [--leak 1000]``. Text encoders and
+tokenizers are the test suite's stand-ins in the released layouts (none is available here); the text side
+is cached either way, so they do not enter the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import xbench_pl
+from xbench_pl.explainers import EXPLAINERS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_query_models import CXR14, carzero_tokenizer, medklip_family_files, write_tokenizer  # noqa: E402
+
+MODELS = ["clip", "biomedclip", "medklip", "mavl", "kad_224", "devide", "carzero"]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * PAGE
+
+
+def peak_rss(fn) -> tuple[float, int]:
+    """``(seconds, peak RSS above the start in bytes)`` of ``fn()``, RSS sampled every millisecond."""
+    start, peak, done = rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    began = time.perf_counter()
+    try:
+        fn()
+    finally:
+        spent = time.perf_counter() - began
+        done.set()
+        thread.join()
+    return spent, max(peak[0], rss()) - start
+
+
+def biomedclip_tokenizer(folder: Path) -> str:
+    """A BERT WordPiece folder (the vocabulary of the suite's BiomedCLIP stand-in) for BiomedCLIP's text tower."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_open_clip_models import BERT_VOCAB
+
+    (folder / "vocab.txt").write_text("\n".join(BERT_VOCAB) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+    return str(folder)
+
+
+def model_options(folder: Path) -> dict[str, dict]:
+    kebert = write_tokenizer(folder / "med_kebert")
+    return {"clip": {}, "biomedclip": {"tokenizer": biomedclip_tokenizer(folder / "biomedbert")},
+            **medklip_family_files(folder), "kad_224": {"tokenizer": kebert}, "devide": {"tokenizer": kebert},
+            "carzero": {"tokenizer": carzero_tokenizer(folder / "carzero_bert")}}
+
+
+def applicable(model) -> list[str]:
+    """The explainers this model's architecture takes (rollout needs a ViT tower; chefer a ViT or a decoder)."""
+    from xbench_pl.explainers import build_explainer
+
+    out = []
+    for name in EXPLAINERS[1:]:
+        try:
+            build_explainer(model, name, None)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def measure(name: str, options: dict, explainers: list[str] | None, batch: int, repeats: int) -> list[dict]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = xbench_pl.create_model(name, random_init=True, **options).eval()
+    size = model.preprocess.size
+    images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+    rows = []
+    with torch.inference_mode():
+        model.zero_shot(images, CXR14)  # the text side cached, as in a run
+    for explainer in explainers or applicable(model):
+        if explainer not in applicable(model):
+            continue
+        model.explainer = explainer
+        model.attach_explainer()
+        native, explained = [], []
+        for _ in range(repeats):
+            with torch.inference_mode():
+                native.append(peak_rss(lambda: model.zero_shot(images, CXR14)))
+                explained.append(peak_rss(lambda: check(model.explained(images, CXR14), batch)))
+        (t_native, m_native), (t_explained, m_explained) = min(native), min(explained)
+        rows.append({"model": name, "explainer": explainer, "layer": model.explainer_info["target_layer"],
+                     "native_s_per_image": t_native / batch, "s_per_image": t_explained / batch,
+                     "time_ratio": t_explained / t_native, "native_peak_mb": m_native / 2**20,
+                     "peak_mb": m_explained / 2**20, "memory_ratio": m_explained / max(m_native, 1)})
+        print(f"{name:>10} {explainer:>9}  {t_explained / batch:7.3f} s/image  x{t_explained / t_native:5.2f} time   "
+              f"peak +{m_explained / 2**20:7.0f} MB (native +{m_native / 2**20:5.0f} MB)", flush=True)
+    model.explainer, model.explainer_method = "native", None
+    return rows
+
+
+def check(output, batch: int) -> None:
+    if output.saliency.shape[:2] != (batch, len(CXR14)) or not torch.isfinite(output.saliency).all():
+        raise AssertionError(f"maps {tuple(output.saliency.shape)} with NaN or the wrong shape")
+
+
+def leak(name: str, options: dict, explainer: str, images: int, batch: int) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = xbench_pl.create_model(name, random_init=True, explainer=explainer, **options).eval()
+    size = model.preprocess.size
+    generator = torch.Generator().manual_seed(0)
+    marks = []
+    for done in range(0, images, batch):
+        with torch.inference_mode():
+            model.explained(torch.randn(batch, 3, size, size, generator=generator), CXR14)
+        if (done // batch) % max(1, images // batch // 10) == 0:
+            marks.append((done + batch, rss() / 2**20))
+    print(f"\n{name} {explainer}: RSS (MB) after n images, {images} in batches of {batch}:")
+    print("  " + "  ".join(f"{n}: {mb:.0f}" for n, mb in marks))
+    print(f"  growth from the 2nd mark to the last: {marks[-1][1] - marks[1][1]:+.0f} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--explainers", nargs="+", default=None, help="default: every one the model takes")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--leak", type=int, default=0, help="images for the flat-memory check (0: skip)")
+    parser.add_argument("--leak-model", default="clip", choices=MODELS)
+    parser.add_argument("--leak-explainer", default="gradcam")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {len(CXR14)} findings")
+    with tempfile.TemporaryDirectory() as tmp:
+        options = model_options(Path(tmp))
+        rows = [row for name in args.models for row in measure(name, options[name], args.explainers, args.batch, args.repeats)]
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        if args.leak:
+            leak(args.leak_model, options[args.leak_model], args.leak_explainer, args.leak, args.batch)
+
+
+if __name__ == "__main__":
+    main()
