@@ -230,3 +230,42 @@ def test_native_maps_are_unchanged_and_scores_are_the_native_forwards(builders, 
         torch.testing.assert_close(other.logits, plain.logits, rtol=1e-5, atol=1e-5)
     assert native.explainer_info["name"] == "native"
     assert explained.explainer_info["target"] == ("logits" if plain.logits is not None else "scores")
+
+
+def probabilities_by_hooks(model, images: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's attention probabilities ``[B, heads, T, T]`` of the plain model, by the libraries' own means:
+    ``nn.MultiheadAttention(need_weights=True, average_attn_weights=False)`` on the block's inputs (open_clip), the
+    non-fused path's ``attn_drop`` input (timm)."""
+    visual, kept, handles = model.model.visual, [], []
+    if hasattr(visual, "trunk"):
+        for block in visual.trunk.blocks:
+            block.attn.fused_attn = False
+            handles.append(block.attn.attn_drop.register_forward_hook(lambda module, inputs, output: kept.append(inputs[0])))
+    else:
+        for block in visual.transformer.resblocks:
+            handles.append(block.attn.register_forward_hook(lambda module, inputs, output: kept.append(
+                nn.MultiheadAttention.forward(module, *inputs, need_weights=True, average_attn_weights=False)[1])))
+    try:
+        with torch.no_grad():
+            model.zero_shot(images, CLASSES)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept
+
+
+@pytest.mark.parametrize("family", ["clip", "biomedclip"])
+def test_rollout_through_open_clip_and_timm_towers_equals_a_direct_loop(builders, family):
+    model = builders(family, explainer="rollout")
+    images = images_for(model)
+    probabilities = probabilities_by_hooks(builders(family), images)
+    tokens = probabilities[0].shape[-1]
+    relevance = torch.eye(tokens, dtype=torch.float64).expand(len(images), tokens, tokens)
+    for probs in probabilities:
+        step = 0.5 * (probs.double().mean(1) + torch.eye(tokens, dtype=torch.float64))
+        relevance = (step / step.sum(-1, keepdim=True)) @ relevance
+    grid = model.explainer_method.tower.grid
+    expected = relevance[:, 0, tokens - grid[0] * grid[1]:].unflatten(-1, grid)
+    maps = explained_maps(model, images, CLASSES)
+    for c in range(len(CLASSES)):
+        torch.testing.assert_close(maps[:, c].double(), expected, rtol=1e-4, atol=1e-7)

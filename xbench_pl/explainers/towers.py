@@ -114,7 +114,8 @@ def recorded_attention(sites: list[nn.Module], recorder: Callable[[nn.Module], R
                 fused = site.fused_attn
                 site.fused_attn = False
                 stack.callback(setattr, site, "fused_attn", fused)
-                handle = site.attn_drop.register_forward_hook(lambda module, inputs, output: record(output))
+                # record bound now: a closure would read the loop's last one
+                handle = site.attn_drop.register_forward_hook(lambda module, inputs, output, record=record: record(output))
                 stack.callback(handle.remove)
             else:
                 raise ValueError(f"explainers cannot record the attention of {type(site).__name__}")
