@@ -64,6 +64,9 @@ def test_the_store_and_the_loggers_record_the_explainer_and_a_store_refuses_anot
     assert info["name"] == "layercam" and info["target_layer"] == "model.visual.transformer.resblocks.1.ln_1"
     assert info["target"] == "scores" and info["library"] == "pytorch-grad-cam"
     assert json.loads((store / "manifest.json").read_text())["explainer"] == info
+    rescored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "rescored"))
+    assert rescored.returncode == 0, rescored.stderr[-3000:]
+    assert json.loads((tmp_path / "rescored" / "metrics.json").read_text())["explainer"] == info
     hparams = yaml.safe_load(next((tmp_path / "logs").rglob("hparams.yaml")).read_text())
     assert hparams["explainer"] == info
     markdown = (tmp_path / "run" / "metrics.md").read_text()

@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     out = publish_scores(run.args.out, started, str(Path(folder)),
                          model=model_name(run.stored),
                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
-                         random_weights=bool(run.stored.get("random_weights")), columns=columns)
+                         random_weights=bool(run.stored.get("random_weights")), explainer=run.stored.get("explainer"),
+                         columns=columns)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the prediction store {folder})")
     return 0
 
