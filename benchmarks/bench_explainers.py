@@ -4,8 +4,9 @@ native forward (``zero_shot``) on the same batch. Random weights in each model's
 For each model (built once, full size) and each explainer: ``model.explained(batch, findings)`` under
 inference mode, as ``test_step`` runs it, with the 14 ChestX-ray14 findings. Times are the best of
 ``--repeats`` runs, interleaved with the native forward's (a shared machine's load hits both alike); the
-native forward is measured with the model's own caches warm, as in a run. Peak memory is the most resident
-memory (RSS, sampled every millisecond) above what the process held before the call. Every explainer's
+native forward is measured with the model's own caches warm, as in a run. Peak memory, in a separate pass
+(the sampler costs time), is the most resident memory (RSS, sampled every millisecond) above what the process
+held before the call: what the explainer needs beyond what a native run already holds. Every explainer's
 maps also run through ``test_step``'s shape and NaN check, so a model that cannot run an explainer fails here.
 
 ``--leak N`` then runs one explainer (``--leak-explainer``, default gradcam) on N images in batches and
@@ -35,7 +36,7 @@ import xbench_pl
 from xbench_pl.explainers import EXPLAINERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_query_models import CXR14, carzero_tokenizer, medklip_family_files, write_tokenizer  # noqa: E402
+from bench_query_models import CXR14, best_of_interleaved, carzero_tokenizer, medklip_family_files, write_tokenizer  # noqa: E402
 
 MODELS = ["clip", "biomedclip", "medklip", "mavl", "kad_224", "devide", "carzero"]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -113,12 +114,11 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
             continue
         model.explainer = explainer
         model.attach_explainer()
-        native, explained = [], []
-        for _ in range(repeats):
-            with torch.inference_mode():
-                native.append(peak_rss(lambda: model.zero_shot(images, CXR14)))
-                explained.append(peak_rss(lambda: check(model.explained(images, CXR14), batch)))
-        (t_native, m_native), (t_explained, m_explained) = min(native), min(explained)
+        run_native = lambda: model.zero_shot(images, CXR14)  # noqa: E731
+        run_explained = lambda: check(model.explained(images, CXR14), batch)  # noqa: E731
+        with torch.inference_mode():
+            t_native, t_explained = best_of_interleaved(repeats, run_native, run_explained)
+            m_native, m_explained = peak_rss(run_native)[1], peak_rss(run_explained)[1]  # apart: the sampler costs time
         rows.append({"model": name, "explainer": explainer, "layer": model.explainer_info["target_layer"],
                      "native_s_per_image": t_native / batch, "s_per_image": t_explained / batch,
                      "time_ratio": t_explained / t_native, "native_peak_mb": m_native / 2**20,
