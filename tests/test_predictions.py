@@ -59,22 +59,35 @@ def reference(tmp_path_factory):
 
 
 # -- shard files ------------------------------------------------------------------------------
+def shard_of(dtype=torch.float16) -> dict:
+    return {"dataset": "demo", "classes": ["Mass", "Nodule"], "image_ids": ["a", "b"], "input_size": 56,
+            "scores": torch.tensor([[0.25, 0.75], [0.5, 0.125]], dtype=torch.float64),
+            "saliency": torch.rand(2, 2, 14, 14, generator=torch.Generator().manual_seed(0)).to(dtype),
+            "affine": torch.tensor([[0.25, 0.5, 0.0, -3.0]] * 2, dtype=torch.float64),
+            "original_size": torch.tensor([[224, 112], [200, 100]]), "labels": torch.tensor([[1, 0], [0, 0]], dtype=torch.uint8)}
+
+
 def test_shard_round_trip_and_damage_is_detected(tmp_path):
-    shard = {"dataset": "demo", "classes": ["Mass"], "image_ids": ["a", "b"], "input_size": 56,
-             "scores": torch.tensor([[0.25], [0.5]], dtype=torch.float64), "saliency": torch.rand(2, 1, 14, 14).half()}
+    shard = shard_of()
     data = encode_shard(shard)
     back = decode_shard(data)
     assert back["image_ids"] == ["a", "b"] and torch.equal(back["saliency"], shard["saliency"])
+    assert encode_shard(shard) == data  # one shard, one byte string
     with pytest.raises(ValueError, match="truncated"):
         decode_shard(data[:-10])
     flipped = bytearray(data)
     flipped[-100] ^= 1
     with pytest.raises(ValueError, match="checksum"):
         decode_shard(bytes(flipped))
+    renamed = data.replace(b'\\"a\\"', b'\\"z\\"', 1)  # an image id altered in the metadata
+    assert renamed != data
+    with pytest.raises(ValueError, match="checksum"):
+        decode_shard(renamed)
     with pytest.raises(ValueError, match="bad header"):
-        decode_shard(data[:20])
+        decode_shard(b"\x10" + bytes(7) + b"{not json}      " + bytes(8))
     store = Store(tmp_path)
     path = store.write_shard("demo-x", shard)
+    assert path.suffix == ".safetensors"
     assert [p.name for p in store.shards_dir.iterdir()] == [path.name]  # no temporary file left behind
     path.write_bytes(data[: len(data) // 2])
     good, bad = store.load()
