@@ -21,6 +21,7 @@ is cached either way, so they do not enter the ratios.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -47,9 +48,16 @@ def rss() -> int:
         return int(handle.read().split()[1]) * PAGE
 
 
+def trimmed_rss() -> int:
+    """RSS after glibc hands its free pages back (``malloc_trim``): without it, memory an earlier call freed
+    hides what the next one needs."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss()
+
+
 def peak_rss(fn) -> tuple[float, int]:
     """``(seconds, peak RSS above the start in bytes)`` of ``fn()``, RSS sampled every millisecond."""
-    start, peak, done = rss(), [0], threading.Event()
+    start, peak, done = trimmed_rss(), [0], threading.Event()
 
     def sample():
         while not done.is_set():
@@ -145,7 +153,7 @@ def leak(name: str, options: dict, explainer: str, images: int, batch: int) -> N
         with torch.inference_mode():
             model.explained(torch.randn(batch, 3, size, size, generator=generator), CXR14)
         if (done // batch) % max(1, images // batch // 10) == 0:
-            marks.append((done + batch, rss() / 2**20))
+            marks.append((done + batch, trimmed_rss() / 2**20))
     print(f"\n{name} {explainer}: RSS (MB) after n images, {images} in batches of {batch}:")
     print("  " + "  ".join(f"{n}: {mb:.0f}" for n, mb in marks))
     print(f"  growth from the 2nd mark to the last: {marks[-1][1] - marks[1][1]:+.0f} MB")
