@@ -229,7 +229,7 @@ def replay_items(replayer: Replayer, dataset: XBenchDataset, items: list, size: 
     """Feed ``items``, ``(image_id, (H, W), maps [C, h, w], scores [C] with NaN for none)`` per image, each map
     spanning a ``size`` square input placed by its ``affine`` ``(sx, sy, tx, ty)``, into ``replayer`` as one shard
     (``predictions.replay``); returns whether every pair had a score (a missing one is fed as 0.5)."""
-    score_rows = torch.tensor([row for *_, row in items], dtype=torch.float32)
+    score_rows = torch.tensor([row for *_, row in items], dtype=torch.float64)  # scores.csv text and pickled floats: exact
     shard = {"classes": list(dataset.classes), "image_ids": [i for i, *_ in items], "input_size": size,
              "original_size": torch.tensor([s for _, s, _, _ in items]),
              "affine": torch.tensor(affine, dtype=torch.float64),

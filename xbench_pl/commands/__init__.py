@@ -25,7 +25,7 @@ from xbench_pl.console import is_rank_zero
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
-            "sweep": "sweep", "report": "report"}
+            "sweep": "sweep", "report": "report", "export": "export", "store": "store"}
 
 
 def usage() -> str:

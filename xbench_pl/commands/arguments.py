@@ -13,6 +13,8 @@ SUMMARIES = {
     "fit": "fine-tune a model on a dataset's training split, validating every epoch with the benchmark's metrics",
     "describe": "count a dataset's images, positives and regions per finding and list its input problems",
     "score": "recompute metrics.json and metrics.md from a prediction store (test --predictions DIR), without the model",
+    "export": "write a prediction store as .npy maps + scores.csv (what score --maps reads) or CheXlocalize's *_map.pkl",
+    "store": "store upgrade DIR: convert a prediction store of an older format (read-only) to the current one",
     "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",

@@ -1,0 +1,168 @@
+"""A prediction store in other tools' formats (``python -m xbench_pl export``).
+
+``npy``: what ``score --maps`` reads, so that ``export`` then ``score --maps`` gives the numbers of
+``score --predictions`` exactly:
+
+* ``OUT/<image_id>/<finding>.npy``: the stored native map, as stored (float16 or float32; a bfloat16
+  store's as float32, which holds it exactly);
+* ``OUT/scores.csv``: ``image_id,finding,score``, each float64 score written to round-trip exactly;
+* ``OUT/preprocess.json``: the ``geometry.Preprocess`` (``resize``, ``size``, ``canvas``) that gives
+  every stored image's affine exactly (``infer_preprocess``): the maps span that model input.
+
+``cheXlocalize``: CheXlocalize's layout, ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), a plain
+dict as theirs: ``map`` (float32 tensor ``[1, 1, S, S]`` spanning the whole original image, so their
+``eval.py`` resizes it to ``cxr_dims``), ``prob`` (the score, a float), ``task`` (the finding), ``gt``
+(the run's label, an int) and ``cxr_dims`` (the original ``(W, H)``); no ``cxr_img`` (the store holds
+no image). The map is the stored one resampled onto an ``S x S`` grid over the original image by the
+benchmark's own warp (``geometry.warp_to_eval_grid``): ``S`` is the run's eval size by default (the
+grid the benchmark judges on), the model input side when the store records none; pixels the model
+never saw get the map's minimum. Tensors pickle as ``torch`` does (``torch._utils._rebuild_tensor_v2``
+and the storage's ``torch.save`` bytes; no other global), as theirs, whose tools call ``F.interpolate``
+on the map. ``score --maps`` reads these too: at the default ``S`` its eval-grid maps are the ones
+``score --predictions`` judges, so every number but ``map_similarity`` (which compares the native
+maps, here resampled) comes out the same (tested on the demo).
+
+A store of several datasets is exported one folder per dataset (``OUT/<dataset>/``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+
+from xbench_pl.geometry import Preprocess, warp_to_eval_grid
+from xbench_pl.predictions import Store, StoreError
+
+FORMATS = ("npy", "cheXlocalize")
+
+
+def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
+    """``{dataset: [(shard, rows), ...]}``: every stored image once (the first shard holding it, in name
+    order, as ``score`` replays them); ``StoreError`` if a shard does not read back."""
+    good, bad = store.load()
+    if bad:
+        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}{'; ...' if len(bad) > 1 else ''}): "
+                         f"continue the run with test ... --predictions {store} --resume, which redoes their images")
+    if not good:
+        raise StoreError(f"{store} holds no shard: nothing to export")
+    out: dict[str, list[tuple[dict, list[int]]]] = {}
+    seen: dict[str, set[str]] = {}
+    for shard in good:
+        done = seen.setdefault(shard["dataset"], set())
+        rows = [r for r, image_id in enumerate(shard["image_ids"]) if image_id not in done]
+        done.update(shard["image_ids"][r] for r in rows)
+        if rows:
+            out.setdefault(shard["dataset"], []).append((shard, rows))
+    return out
+
+
+def infer_preprocess(shards: list[tuple[dict, list[int]]]) -> dict:
+    """The ``Preprocess`` settings (``{"resize", "size"[, "canvas"]}``) whose ``plan`` gives every stored image's
+    affine exactly; ``StoreError`` when none does (images of one model input side and resize rule are needed)."""
+    sizes = {int(shard["input_size"]) for shard, _ in shards}
+    if len(sizes) != 1:
+        raise StoreError(f"the store's model input sizes differ ({sorted(sizes)}): no single preprocess.json describes its maps")
+    size = sizes.pop()
+    shard, rows = shards[0]
+    (height, width), affine = shard["original_size"][rows[0]].tolist(), shard["affine"][rows[0]].tolist()
+    canvas = round(affine[0] * width) if width >= height else round(affine[1] * height)
+    candidates = [{"resize": "squash", "size": size}, {"resize": "crop", "size": size}]
+    if canvas >= size:
+        candidates.append({"resize": "letterbox", "size": size, "canvas": canvas})
+    for config in candidates:
+        preprocess = Preprocess(**config)
+        if all(list(preprocess.plan(*shard["original_size"][r].tolist())[1]) == shard["affine"][r].tolist()
+               for shard, rows in shards for r in rows):
+            return config
+    raise StoreError("the store's affines come from no single squash, crop or letterbox Preprocess of side "
+                     f"{size}: export --to cheXlocalize instead (maps resampled over the whole image)")
+
+
+def _folder_name(text: str, what: str) -> PurePosixPath:
+    path = PurePosixPath(text)
+    if not text or path.is_absolute() or any(part in ("", ".", "..") for part in text.split("/")):
+        raise StoreError(f"{what} {text!r} cannot name a file or folder: not exportable")
+    return path
+
+
+def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
+    """Write one dataset's maps, ``scores.csv`` and ``preprocess.json`` (the module docstring); returns the images written."""
+    config = infer_preprocess(shards)
+    out.mkdir(parents=True, exist_ok=True)
+    images = 0
+    with open(out / "scores.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image_id", "finding", "score"])
+        for shard, rows in shards:
+            classes = list(shard["classes"])
+            if any("/" in c or c in ("", ".", "..") for c in classes):
+                raise StoreError(f"a finding name of {classes} cannot name a file: not exportable")
+            saliency = shard["saliency"]
+            saliency = saliency.float() if saliency.dtype == torch.bfloat16 else saliency
+            for r in rows:
+                image_id = shard["image_ids"][r]
+                folder = out / _folder_name(image_id, "image id")
+                folder.mkdir(parents=True, exist_ok=True)
+                for c, finding in enumerate(classes):
+                    np.save(folder / f"{finding}.npy", saliency[r, c].numpy())
+                    writer.writerow([image_id, finding, repr(float(shard["scores"][r, c]))])
+                images += 1
+    (out / "preprocess.json").write_text(json.dumps(config) + "\n")
+    return images
+
+
+def export_chexlocalize(shards: list[tuple[dict, list[int]]], out: Path, size: int | None = None, chunk: int = 16) -> int:
+    """Write one dataset's ``{cxr_id}_{task}_map.pkl`` files (the module docstring): maps on a ``size`` square
+    over the original image (None: the model input side); returns the images written."""
+    out.mkdir(parents=True, exist_ok=True)
+    images = 0
+    for shard, rows in shards:
+        classes = list(shard["classes"])
+        bad = [c for c in classes if "_" in c or "/" in c]
+        if bad:
+            raise StoreError(f"finding {bad[0]!r} holds '_' or '/': CheXlocalize's {{cxr_id}}_{{task}}_map.pkl names cannot hold it")
+        side = size or int(shard["input_size"])
+        for start in range(0, len(rows), chunk):
+            part = torch.tensor(rows[start:start + chunk])
+            n, c = len(part), len(classes)
+            maps = warp_to_eval_grid(shard["saliency"][part].flatten(0, 1), shard["affine"][part].repeat_interleave(c, 0),
+                                     int(shard["input_size"]), shard["original_size"][part].repeat_interleave(c, 0), side)
+            maps = maps.view(n, c, side, side)
+            for b, r in enumerate(part.tolist()):
+                image_id = shard["image_ids"][r]
+                if "/" in image_id or image_id in ("", ".", ".."):
+                    raise StoreError(f"image id {image_id!r} holds '/': CheXlocalize's file names cannot hold it (export --to npy)")
+                height, width = shard["original_size"][r].tolist()
+                for k, task in enumerate(classes):
+                    info = {"map": maps[b, k][None, None].clone(), "prob": float(shard["scores"][r, k]), "task": task,
+                            "gt": int(shard["labels"][r, k]), "cxr_dims": (int(width), int(height))}
+                    with open(out / f"{image_id}_{task}_map.pkl", "wb") as handle:
+                        pickle.dump(info, handle, protocol=pickle.HIGHEST_PROTOCOL)
+                images += 1
+    return images
+
+
+def eval_size(stored: dict) -> int | None:
+    """The eval size a store's run judged on (its manifest's data config), None if it records none."""
+    data = (stored.get("config") or {}).get("data") or {}
+    size = (data.get("init_args") or {}).get("eval_size", data.get("eval_size"))
+    return int(size) if isinstance(size, int) else None
+
+
+def export(store: Store, to: str, out: Path, size: int | None = None) -> dict[str, int]:
+    """Export every dataset of ``store`` as ``to`` (``FORMATS``) into ``out`` (``out/<dataset>`` when several);
+    ``size``: the cheXlocalize maps' side (default: the run's eval size). Returns ``{dataset: images written}``."""
+    if to not in FORMATS:
+        raise ValueError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
+    size = size or eval_size(store.read_manifest() or {})
+    datasets = store_shards(store)
+    written = {}
+    for name, shards in datasets.items():
+        folder = out if len(datasets) == 1 else out / _folder_name(name, "dataset")
+        written[name] = export_npy(shards, folder) if to == "npy" else export_chexlocalize(shards, folder, size)
+    return written
