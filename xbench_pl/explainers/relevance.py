@@ -117,21 +117,26 @@ class RelevanceExplainer:
             return self.class_token_map(rollout(tower_probs), len(classes)), None
         decoder_probs = [(first(s), first(c)) for s, c in decoder_sites]
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
+        # the rules read the probabilities as values: detached, no graph grows through 14 findings' relevance
+        plain_tower = [p.detach() for p in tower_probs]
+        plain_decoder = [(None if s is None else s.detach(), c.detach()) for s, c in decoder_probs]
         maps = []
         for finding in range(len(classes)):
             gradients = torch.autograd.grad(targets[:, finding].sum(), wanted, retain_graph=finding < len(classes) - 1,
                                             allow_unused=True)
             by_tensor = {id(p): g for p, g in zip(wanted, gradients)}
-            tower = self_relevance(tower_probs, gradients[:len(tower_probs)]) if tower_probs else None
+            tower = self_relevance(plain_tower, gradients[:len(tower_probs)]) if tower_probs else None
             if decoder is None:
                 maps.append(self.class_token_map(tower, 1)[:, 0])
                 continue
-            layers = [(s, by_tensor.get(id(s)), c, by_tensor[id(c)]) for s, c in decoder_probs]
+            layers = [(plain_s, by_tensor.get(id(s)), plain_c, by_tensor[id(c)])
+                      for (s, c), (plain_s, plain_c) in zip(decoder_probs, plain_decoder)]
             tokens = decoder_probs[0][1].shape[-1]
             if tower is None:  # a ResNet's tokens are its own
                 tower = torch.eye(tokens, dtype=torch.float64, device=images.device).expand(images.shape[0], tokens, tokens)
             relevance = decoder_relevance(tower[:, -tokens:, -tokens:], layers)  # memory: the tower's last tokens
             maps.append(model.decoder_maps(relevance, classes, self.patch_grid(tokens))[:, finding])
+        del targets, wanted, tower_probs, decoder_probs, recorded  # the graph goes before the maps are stacked
         return torch.stack(maps, dim=1).float(), None
 
     def patch_grid(self, tokens: int) -> tuple[int, int]:
