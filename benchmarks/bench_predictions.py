@@ -1,7 +1,10 @@
 """The prediction store: its size, re-scoring speed, and what a float16 store changes. Prints numbers measured in one run.
 
 1. Store size per 1,000 images x 10 findings at native grids 14², 16², 32² (and 64²), float16 and
-   float32: real shards (``encode_shard``, 64 images each, as ``test --predictions`` writes them).
+   float32: real shards (``encode_shard``, 64 images each, as ``test --predictions`` writes them), and
+   the ratio to format 1 shards (``legacy_shard``: the ``XBPSHRD1`` header + ``torch.save`` pickle).
+1b. Write speed: encoding and atomically writing (fsync, rename) those shards, format 2 against
+   format 1, interleaved, best of ``--repeats``.
 2. Re-scoring throughput (what ``score`` does per image: the dataset's regions rasterised on the
    eval grid, the stored maps warped there and every benchmark metric updated, through
    ``ZeroShotModel.test_step``), images/s, on synthetic records: 10 findings, 2 boxed findings per
@@ -15,7 +18,11 @@ Run: ``python benchmarks/bench_predictions.py [--images 256] [--repeats 2]``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import math
+import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +31,7 @@ import torch
 from xbench_pl import create_datamodule, create_model
 from xbench_pl.data.base import Record, XBenchDataset
 from xbench_pl.data.regions import Box
-from xbench_pl.predictions import Replayer, encode_shard, replay
+from xbench_pl.predictions import LEGACY_MAGIC, Replayer, atomic_write, encode_shard, replay
 
 FINDINGS = [f"finding_{i}" for i in range(10)]
 
@@ -40,12 +47,34 @@ def shard_of(ids: list[str], classes: list[str], grid: int, dtype: torch.dtype, 
             "labels": torch.randint(0, 2, (n, c), generator=g, dtype=torch.uint8)}
 
 
-def store_size(images: int, grid: int, dtype: torch.dtype, per_shard: int = 64) -> int:
-    total = 0
-    for start in range(0, images, per_shard):
-        ids = [f"{i:08d}.png" for i in range(start, min(images, start + per_shard))]
-        total += len(encode_shard(shard_of(ids, FINDINGS, grid, dtype, seed=start)))
-    return total
+def legacy_shard(shard: dict) -> bytes:
+    """A format 1 shard, as xbench_pl wrote them before safetensors: the baseline."""
+    buffer = io.BytesIO()
+    torch.save(shard, buffer)
+    payload = buffer.getvalue()
+    return LEGACY_MAGIC + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + payload
+
+
+def shards(images: int, grid: int, dtype: torch.dtype, per_shard: int = 64) -> list[dict]:
+    return [shard_of([f"{i:08d}.png" for i in range(start, min(images, start + per_shard))], FINDINGS, grid, dtype, seed=start)
+            for start in range(0, images, per_shard)]
+
+
+def store_size(parts: list[dict], encode=encode_shard) -> int:
+    return sum(len(encode(shard)) for shard in parts)
+
+
+def write_seconds(parts: list[dict], repeats: int) -> dict[str, float]:
+    """Best time to encode and atomically write every shard, per format (runs interleaved: same machine state)."""
+    best = {"format 2": math.inf, "format 1": math.inf}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(repeats):
+            for name, encode in (("format 2", encode_shard), ("format 1", legacy_shard)):
+                start = time.perf_counter()
+                for i, shard in enumerate(parts):
+                    atomic_write(Path(folder) / f"{i:05d}", encode(shard))
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def synthetic_dataset(images: int, eval_size: int = 512) -> XBenchDataset:
@@ -137,10 +166,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("store size per 1,000 images x 10 findings (shards of 64 images):")
+    print("store size per 1,000 images x 10 findings (shards of 64 images), format 2 (safetensors) / format 1 (pickle):")
     for grid in (14, 16, 32, 64):
-        sizes = {name: store_size(1000, grid, dtype) / 1e6 for name, dtype in (("float16", torch.float16), ("float32", torch.float32))}
-        print(f"  {grid:>2}²: float16 {sizes['float16']:7.2f} MB | float32 {sizes['float32']:7.2f} MB")
+        row = []
+        for name, dtype in (("float16", torch.float16), ("float32", torch.float32)):
+            parts = shards(1000, grid, dtype)
+            new, old = store_size(parts), store_size(parts, legacy_shard)
+            row.append(f"{name} {new / 1e6:7.2f} MB ({new / old:.3f}x of {old / 1e6:.2f})")
+        print(f"  {grid:>2}²: " + " | ".join(row))
+    for grid in (14, 32):
+        seconds = write_seconds(shards(1000, grid, torch.float16), args.repeats * 3)
+        print(f"write 1,000 images x 10 findings, {grid}² float16 (encode, fsync, rename): format 2 {seconds['format 2']:.3f} s, "
+              f"format 1 {seconds['format 1']:.3f} s ({seconds['format 2'] / seconds['format 1']:.2f}x)")
     rate, seconds, in_metrics = rescore_rate(args.images, args.repeats)
     print(f"re-scoring {args.images} images x 10 findings (2 regions each, E = 512, 14² float16 maps): "
           f"{seconds:.2f} s, {rate:.2f} images/s; {100 * in_metrics / seconds:.0f} % of it in BenchmarkMetrics.update")
