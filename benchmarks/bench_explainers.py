@@ -2,7 +2,7 @@
 native forward (``zero_shot``) on the same batch. Random weights in each model's released architecture.
 
 For each model (built once, full size) and each explainer: ``model.explained(batch, findings)`` under
-inference mode, as ``test_step`` runs it, with the 14 ChestX-ray14 findings. Times are the best of
+inference mode, as ``test_step`` runs it, on the demo's first images with the 14 ChestX-ray14 findings. Times are the best of
 ``--repeats`` runs, interleaved with the native forward's (a shared machine's load hits both alike); the
 native forward is measured with the model's own caches warm, as in a run. Peak memory, in a separate pass
 (the sampler costs time), is the most resident memory (RSS, sampled every millisecond) above what the process
@@ -112,8 +112,7 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = xbench_pl.create_model(name, random_init=True, **options).eval()
-    size = model.preprocess.size
-    images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+    images = demo_images(model, batch)
     rows = []
     with torch.inference_mode():
         model.zero_shot(images, CXR14)  # the text side cached, as in a run
@@ -135,6 +134,13 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
               f"peak +{m_explained / 2**20:7.0f} MB (native +{m_native / 2**20:5.0f} MB)", flush=True)
     model.explainer, model.explainer_method = "native", None
     return rows
+
+
+def demo_images(model, count: int) -> torch.Tensor:
+    """The demo's first ``count`` images as the model's preprocessing makes them."""
+    datamodule = xbench_pl.create_datamodule("demo", preprocess=model.preprocess, batch_size=count, num_workers=0)
+    datamodule.setup("test")
+    return next(iter(datamodule.test_dataloader())).images
 
 
 def check(output, batch: int) -> None:
