@@ -317,6 +317,9 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     assert demo["ci"]["unit"] == "patient" and demo["ci"]["mean"]["auroc"] is not None and demo["ci"]["mean"]["dice_lift"] is not None
     assert demo["mean"]["neg_fp_rate"] is not None and demo["ci"]["mean"]["neg_mass"] is not None
     assert demo["ci"]["mean"]["cxl_hit_rate"] is not None and all(demo["mean"][k] is not None for k in CXL_KEYS)
+    # the model papers' recognition protocol and the any-tie Pointing Game: exact over 2 processes too
+    assert demo["mean"]["f1_max"] is not None and demo["ci"]["mean"]["acc_at_f1_max"] is not None
+    assert demo["mean"]["pg_any_tie"] >= demo["mean"]["pointing_game"] and demo["ci"]["mean"]["pg_any_tie"] is not None
     assert demo["by_size"]["bounds"] == [0.02, 0.08]
     assert sum(demo["by_size"]["mean"][s]["n_regions"] for s in ("small", "medium", "large")) == demo["mean"]["n_regions"]
     table = (tmp_path / "one" / "metrics.md").read_text()

@@ -5,13 +5,15 @@ from xbench_pl.metrics.functional import (
     best_threshold,
     default_thresholds,
     dice_iou_curve,
+    max_f1,
     normalize_saliency,
     pointing_game,
+    pointing_game_any_tie,
 )
-from xbench_pl.metrics.grounding import DiceIoU, PointingGame
+from xbench_pl.metrics.grounding import DiceIoU, PointingAnyTie, PointingGame
 from xbench_pl.metrics.recognition import Recognition
 
 __all__ = [
-    "BenchmarkMetrics", "DiceIoU", "PointingGame", "Recognition", "best_threshold", "default_thresholds",
-    "dice_iou_curve", "metric_keys", "normalize_saliency", "pointing_game",
+    "BenchmarkMetrics", "DiceIoU", "PointingAnyTie", "PointingGame", "Recognition", "best_threshold", "default_thresholds",
+    "dice_iou_curve", "max_f1", "metric_keys", "normalize_saliency", "pointing_game", "pointing_game_any_tie",
 ]

@@ -2,15 +2,18 @@
 
 Keys per class and for the macro ``mean`` (the fixed-threshold keys carry its value):
 ``pointing_game, dice@0.5, iou@0.5, dice_best, iou_best, tau_best, delta_dice, auroc, auprc,
-f1, hamming_acc, ece`` as fractions (None where undefined), and counts ``n_pos, n_neg, n_regions``
-(``n_regions``: (image, finding) pairs with a non-empty region, the grounding denominator).
+f1, hamming_acc, f1_max, acc_at_f1_max, ece`` as fractions (None where undefined), and counts ``n_pos, n_neg,
+n_regions`` (``n_regions``: (image, finding) pairs with a non-empty region, the grounding denominator).
+``f1_max, acc_at_f1_max`` are the model papers' recognition protocol beside ``f1, hamming_acc`` at the fixed
+score threshold (``functional.max_f1``: the threshold is an oracle chosen on the evaluated images).
 The macro mean averages the classes where a value is defined; counts are summed.
 ``compute`` also leaves the curves behind the table in ``curves`` (for plots, never in the table).
 
 Beyond the paper (``EXTRA_KEYS``, after the paper's keys in every row): ``dice_tuned, iou_tuned,
 tau_tuned`` (Dice/IoU at a tau chosen per finding on a tuning run, ``tuned_thresholds``; None without
 one, and the table's ``tuning`` says so), ``dice_otsu, iou_otsu``, ``energy_pg``, ``specificity``,
-``map_similarity``, ``pg_lift``, ``dice_auc``, ``pixel_auroc``, ``dice_lift`` (definitions in ``functional.py``
+``map_similarity``, ``pg_lift``, ``pg_any_tie`` (the Pointing Game under Quantus'/MedKLIP's any-tie
+rule), ``dice_auc``, ``pixel_auroc``, ``dice_lift`` (definitions in ``functional.py``
 and the README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals of every
 pair-level, image-level and recognition key, resampling patients where known, ``resampling.py``; None
 when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
@@ -46,6 +49,7 @@ from xbench_pl.metrics.grounding import (
     OtsuDiceIoU,
     PairRecords,
     PixelAUROC,
+    PointingAnyTie,
     PointingGame,
     PointingLift,
     has_region,
@@ -69,14 +73,14 @@ COUNT_KEYS = ("n_pos", "n_neg", "n_regions")
 
 #: Keys beyond the paper's, appended to every row (the paper's keys and their values are unchanged).
 EXTRA_KEYS = ("dice_tuned", "iou_tuned", "tau_tuned", "dice_otsu", "iou_otsu", "energy_pg", "specificity",
-              "map_similarity", "pg_lift", "dice_auc", "pixel_auroc", "dice_lift")
+              "map_similarity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift")
 
 #: Full-set mode (``negatives=True``): keys over the (image, finding) pairs where the finding is absent.
 NEGATIVE_KEYS = ("neg_fp_rate", "neg_mass")
 
 #: Per-pair values kept for every counted pair (``PairRecords``), besides the Dice/IoU curves.
-RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity", "size",
-               "uniform_dice")
+RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "pg_any_tie", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity",
+               "size", "uniform_dice")
 
 #: Per-image values kept for every scored image and finding (``ImageRecords``), besides scores and labels.
 IMAGE_KEYS = ("map_similarity",) + NEGATIVE_KEYS
@@ -85,14 +89,14 @@ IMAGE_KEYS = ("map_similarity",) + NEGATIVE_KEYS
 def metric_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
     t = f"{fixed_threshold:g}"
     return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "tau_best", "delta_dice",
-            "auroc", "auprc", "f1", "hamming_acc", "ece") + EXTRA_KEYS
+            "auroc", "auprc", "f1", "hamming_acc", "f1_max", "acc_at_f1_max", "ece") + EXTRA_KEYS
 
 
 def pair_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
     """The keys that are means over (image, finding) pairs: those with bootstrap intervals and size strata."""
     t = f"{fixed_threshold:g}"
     return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "dice_tuned", "iou_tuned", "dice_otsu",
-            "iou_otsu", "energy_pg", "specificity", "pg_lift", "dice_auc", "pixel_auroc", "dice_lift")
+            "iou_otsu", "energy_pg", "specificity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift")
 
 
 def read_tuned_thresholds(path: str) -> dict[str, dict[str, float]]:
@@ -163,6 +167,7 @@ class BenchmarkMetrics(nn.Module):
         self.tuned_thresholds, self.tuning_source = tuned_thresholds, tuning_source
         self.energy = EnergyPointing(c, normalize=normalize)
         self.lift = PointingLift(c)
+        self.any_tie = PointingAnyTie(c)
         self.otsu = OtsuDiceIoU(c, normalize=normalize)
         self.pixel_auroc = PixelAUROC(c)
         self.specificity = FindingSpecificity(c)
@@ -197,12 +202,12 @@ class BenchmarkMetrics(nn.Module):
         if self.keyed:
             self.specificity.update(maps, masks, class_index, image_keys.to(maps.device))
             specificity = self.specificity.last
-        for metric in (self.energy, self.lift, self.otsu, self.pixel_auroc):
+        for metric in (self.energy, self.lift, self.any_tie, self.otsu, self.pixel_auroc):
             metric.update(maps, masks, class_index)
         otsu_dice, otsu_iou = self.otsu.last
         regions, kept = masks[keep], keep.cpu()
         values = {"pointing_game": hits, "energy_pg": self.energy.last, "pg_lift": self.lift.last,
-                  "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
+                  "pg_any_tie": self.any_tie.last, "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
                   "specificity": specificity[keep.to(specificity.device)],
                   "size": size_stratum(area_fraction(regions), self.size_bounds).double(),  # stratum, exact in fixed point
                   "uniform_dice": uniform_dice(regions)}
@@ -262,7 +267,7 @@ class BenchmarkMetrics(nn.Module):
             self.keys[1]: grounding["dice_fixed"],
             self.keys[2]: grounding["iou_fixed"],
             **{k: grounding[k] for k in ("dice_best", "iou_best", "tau_best", "delta_dice")},
-            **{k: rec[k] for k in ("auroc", "auprc", "f1", "hamming_acc", "ece")},
+            **{k: rec[k] for k in ("auroc", "auprc", "f1", "hamming_acc", "f1_max", "acc_at_f1_max", "ece")},
         }
         # the synced curves behind the table, for calibration plots (callbacks read them; not in metrics.json)
         self.curves = {
@@ -336,6 +341,7 @@ class BenchmarkMetrics(nn.Module):
             "specificity": self.specificity.compute() if self.keyed else nan,
             "map_similarity": self.similarity.compute() if self.similarity.update_called else nan,
             "pg_lift": self.lift.compute(),
+            "pg_any_tie": self.any_tie.compute(),
             "dice_auc": dice_auc(dice, thresholds),
             "pixel_auroc": self.pixel_auroc.compute(),
             # Dice at tau_best over what the uniform map scores on the same pairs (its best: tau = 0)

@@ -78,6 +78,24 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return torch.where(region.any(1), hits, torch.full_like(hits, float("nan")))
 
 
+def pointing_game_any_tie(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Per pair, 1 if ANY of the map's maximal pixels lies inside the region, else 0: ``[N]`` (float64).
+
+    The rule of Quantus' ``PointingGame`` and of MedKLIP's RSNA script, beside the tie-aware
+    ``pointing_game``: the maximal pixels are the same (within ``RELATIVE_TOLERANCE`` of the range of
+    the max; a constant map is maximal everywhere), but one inside is a full hit. So a constant map
+    scores 1 on any non-empty region, where ``pointing_game`` gives the region's area fraction; without
+    ties the two agree. Pairs with an empty region get NaN. Computed on the raw map.
+    """
+    if kernels.applies(maps, masks):  # the maximal-pixel counts of the same streaming pass (kernels.py)
+        return kernels.pointing_game_any_tie(maps, masks)
+    flat, region = maps.flatten(1), masks.flatten(1).bool()
+    hi, lo, constant = _range(flat)
+    maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
+    hits = (maximal & region).any(1).double()
+    return torch.where(region.any(1), hits, torch.full_like(hits, float("nan")))
+
+
 def thresholds_reached(flat: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     """For each value, how many thresholds it reaches (``#{k: thresholds[k] <= m}``), as int32.
 
@@ -378,6 +396,60 @@ def f1_accuracy(scores: torch.Tensor, labels: torch.Tensor, threshold: float = 0
     total = (tp + fp + fn + tn).double()
     accuracy = torch.where(total > 0, (tp + tn).double() / total.clamp_min(1), float("nan"))
     return f1, accuracy
+
+
+def max_f1_from_counts(tps: torch.Tensor, fps: torch.Tensor, distinct: torch.Tensor,
+                       present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``max_f1`` per row from cumulative counts: ``tps, fps [R, D]`` (int64) true and false positives among the
+    samples scoring at least each of the ``distinct [D]`` scores, highest first (``ranking_counts``, or weighted
+    counts of bootstrap replicates); ``present [R, D]``: whether row r has samples at that score (default: all),
+    a score without any is no threshold of that row. Returns ``f1, threshold, accuracy`` ``[R]`` float64."""
+    p, n = tps[:, -1], fps[:, -1]
+    ps = tps + fps
+    # scikit-learn's precision_recall_curve and the model papers' F1, operation for operation in float64
+    precision = torch.where(ps != 0, tps.double() / ps.clamp_min(1).double(), 0.0)
+    recall = tps.double() / p.clamp_min(1).double()[:, None]
+    numerator, denominator = 2 * recall * precision, recall + precision
+    f1 = torch.where(denominator != 0, numerator / torch.where(denominator != 0, denominator, 1.0), 0.0)
+    if present is not None:
+        f1 = torch.where(present, f1, float("-inf"))
+    # np.argmax over thresholds in ascending order: the lowest threshold among equal F1 values
+    ascending = f1.flip(1).argmax(1)
+    best = f1.shape[1] - 1 - ascending
+    rows = torch.arange(f1.shape[0], device=f1.device)
+    zero = torch.zeros_like(p)
+    above = best > 0  # samples strictly above the threshold: those counted at the next higher distinct score
+    tp_above = torch.where(above, tps[rows, (best - 1).clamp_min(0)], zero)
+    fp_above = torch.where(above, fps[rows, (best - 1).clamp_min(0)], zero)
+    defined = p > 0
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=f1.device)
+    accuracy = (tp_above + n - fp_above).double() / (p + n).clamp_min(1).double()
+    return (torch.where(defined, f1[rows, best], nan), torch.where(defined, distinct.double()[best], nan),
+            torch.where(defined, accuracy, nan))
+
+
+def max_f1(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One finding's best F1 over every threshold, the threshold, and the accuracy of ``score > threshold``:
+    three float64 scalars, as MedKLIP's, KAD's and MAVL's zero-shot test scripts compute them.
+
+    Their code: ``precision, recall, thresholds = precision_recall_curve(labels, scores)``, F1 =
+    ``2 recall precision / (recall + precision)`` (0 where the sum is 0), the threshold at ``np.argmax``
+    of F1 (the lowest threshold among equal values: scikit-learn's thresholds are the distinct scores in
+    ascending order), and ``accuracy_score(labels, scores > threshold)``: strictly greater, so the samples
+    scoring exactly the threshold count as negative although the F1 counted them positive. Computed here
+    from the integer counts at the distinct scores (``ranking_counts``) with the same float64 operations:
+    the same bits as their code, and the same on any split or sample order. The threshold is chosen on
+    the evaluated samples: an oracle, like ``dice_best``. NaN, all three, for a finding without positives
+    (scikit-learn then sets recall to 1 and their F1 is 0 at an arbitrary threshold; undefined here, as
+    ``average_precision``)."""
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    if scores.numel() == 0:
+        return nan, nan, nan
+    scores, labels = scores.double().flatten(), labels.long().flatten()
+    tps, fps = ranking_counts(scores, labels)
+    distinct = scores.sort(descending=True).values.unique_consecutive()
+    f1, threshold, accuracy = max_f1_from_counts(tps[None], fps[None], distinct)
+    return f1[0], threshold[0], accuracy[0]
 
 
 #: Confidence bins of the reliability diagram and ``ece`` (torchmetrics' default for calibration error).

@@ -32,6 +32,7 @@ from xbench_pl.metrics.functional import (
     otsu_dice_iou,
     pixel_auroc,
     pointing_game,
+    pointing_game_any_tie,
     pointing_lift,
 )
 
@@ -142,6 +143,28 @@ class PointingGame(_PairMetric):
         maps, masks, cls = self._select(maps, masks, class_index)
         shared = shared_counts(maps, masks)
         hits = pointing_game(maps, masks) if shared is None else kernels.pointing_from_counts(shared["counts"])
+        self.hits = self.hits.index_add(0, cls, to_fixed(hits))
+        self.last = hits
+
+    def compute(self) -> torch.Tensor:
+        """``[C]`` hit rate per class (NaN for a class without regions)."""
+        return from_fixed(self.hits, self.pairs)
+
+
+class PointingAnyTie(_PairMetric):
+    """Mean pointing-game hit per class under the other tools' rule (``functional.pointing_game_any_tie``: a hit
+    when any maximal pixel is in the region; Quantus, MedKLIP's RSNA script)."""
+
+    plot_lower_bound, plot_upper_bound = 0.0, 1.0
+
+    def __init__(self, num_classes: int, **kwargs):
+        super().__init__(num_classes, **kwargs)
+        self.add_state("hits", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
+        maps, masks, cls = self._select(maps, masks, class_index)
+        shared = shared_counts(maps, masks)
+        hits = pointing_game_any_tie(maps, masks) if shared is None else kernels.any_tie_from_counts(shared["counts"])
         self.hits = self.hits.index_add(0, cls, to_fixed(hits))
         self.last = hits
 

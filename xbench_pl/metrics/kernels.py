@@ -469,6 +469,12 @@ def pointing_from_counts(counts: dict) -> torch.Tensor:
     return torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan")))
 
 
+def any_tie_from_counts(counts: dict) -> torch.Tensor:
+    """``functional.pointing_game_any_tie``: a hit when any maximal pixel is inside the region."""
+    hits = (counts["maximal"][:, 1] > 0).double()
+    return torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan")))
+
+
 def curve_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
     hist = counts["curve"]
     suffix = hist.flip(-1).cumsum(-1).flip(-1)[..., 1:].double()  # pixels with reached > k, i.e. in B_t[k]
@@ -514,6 +520,10 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return pointing_from_counts(grounding_counts(maps, masks, want=WANT_MAXIMAL))
 
 
+def pointing_game_any_tie(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    return any_tie_from_counts(grounding_counts(maps, masks, want=WANT_MAXIMAL))
+
+
 def dice_iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor, normalize: str = "none"):
     return curve_from_counts(grounding_counts(maps, masks, thresholds, normalize, want=0))
 
@@ -555,10 +565,11 @@ def maximal_overlap(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tens
 
 def grounding_statistics(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor, normalize: str) -> dict[str, torch.Tensor]:
     """Every per-pair statistic of ``BenchmarkMetrics`` but specificity, from one fused pass (and the AUROC sort):
-    ``pointing_game, dice, iou`` (curves of the ``normalize``d map), ``energy_pg, dice_otsu, iou_otsu`` (of the
-    ``normalize``d map), ``pixel_auroc`` (raw map)."""
+    ``pointing_game, pg_any_tie, dice, iou`` (curves of the ``normalize``d map), ``energy_pg, dice_otsu, iou_otsu``
+    (of the ``normalize``d map), ``pixel_auroc`` (raw map)."""
     counts = grounding_counts(maps, masks, thresholds, normalize)
     dice, iou = curve_from_counts(counts)
     dice_otsu, iou_otsu = otsu_from_counts(counts)
-    return {"pointing_game": pointing_from_counts(counts), "dice": dice, "iou": iou, "energy_pg": energy_from_counts(counts),
-            "dice_otsu": dice_otsu, "iou_otsu": iou_otsu, "pixel_auroc": pixel_auroc(maps, masks)}
+    return {"pointing_game": pointing_from_counts(counts), "pg_any_tie": any_tie_from_counts(counts), "dice": dice, "iou": iou,
+            "energy_pg": energy_from_counts(counts), "dice_otsu": dice_otsu, "iou_otsu": iou_otsu,
+            "pixel_auroc": pixel_auroc(maps, masks)}

@@ -10,6 +10,10 @@ divides its counts in float32, which would put artefacts such as 0.1666666716 in
 of each finding's scores, in float64 on the samples sorted by (score, label), so 1 or N processes
 give the same digits; ``n_bin``, ``bin_confidence``, ``bin_accuracy`` ``[C, bins]`` are the reliability
 diagram behind it (``functional.reliability_bins``).
+
+``f1_max`` and ``acc_at_f1_max`` are the model papers' protocol (MedKLIP, KAD, MAVL): per finding the best F1
+over every threshold and the accuracy of ``score > that threshold`` (``functional.max_f1``), a threshold chosen
+on the evaluated samples (an oracle, like ``dice_best``); ``f1``/``hamming_acc`` keep the fixed threshold.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from xbench_pl.metrics.functional import (
     average_precision,
     expected_calibration_error,
     f1_accuracy,
+    max_f1,
+    max_f1_from_counts,
     reliability_bins,
 )
 
@@ -33,11 +39,13 @@ RELIABILITY = {"n_bin": "count", "bin_confidence": "confidence", "bin_accuracy":
 
 
 class Recognition(Metric):
-    """Per-class AUROC, AUPRC (average precision), F1 and Hamming accuracy, plus positive/negative counts.
+    """Per-class AUROC, AUPRC (average precision), F1 and Hamming accuracy (at ``threshold`` and at the F1-maximising
+    threshold), calibration error, plus positive/negative counts.
 
     ``compute`` returns float64 ``[C]`` tensors (``n_pos``, ``n_neg``: int64 label counts); AUROC
     is NaN for a class lacking positives or negatives, AUPRC NaN for a class without positives
-    (undefined, not 0). Scores and labels are kept (``"cat"`` states: the curves need every
+    (undefined, not 0); ``f1_max``, ``acc_at_f1_max`` and ``f1_max_threshold`` (``functional.max_f1``) NaN for
+    a class without positives. Scores and labels are kept (``"cat"`` states: the curves need every
     sample); the curves count samples per distinct score, so sample order and the split over
     DDP ranks cannot change a digit.
     """
@@ -79,12 +87,16 @@ class Recognition(Metric):
         columns = range(self.num_classes)
         f1, accuracy = f1_accuracy(scores, labels, self.threshold)
         bins = [reliability_bins(scores[:, c], labels[:, c], self.n_bins) for c in columns]
+        best = [max_f1(scores[:, c], labels[:, c]) for c in columns]  # (f1, threshold, accuracy) per class
         # read inside compute: torchmetrics restores the local (unsynced) states afterwards
         return {
             "auroc": torch.stack([auroc(scores[:, c], labels[:, c]) for c in columns]),
             "auprc": torch.stack([average_precision(scores[:, c], labels[:, c]) for c in columns]),
             "f1": f1,
             "hamming_acc": accuracy,
+            "f1_max": torch.stack([b[0] for b in best]),
+            "acc_at_f1_max": torch.stack([b[2] for b in best]),
+            "f1_max_threshold": torch.stack([b[1] for b in best]),
             "ece": torch.stack([expected_calibration_error(scores[:, c], labels[:, c], self.n_bins) for c in columns]),
             # the reliability diagram per class [C, n_bins]: samples, mean score, fraction positive
             **{key: torch.stack([b[part] for b in bins]) for key, part in RELIABILITY.items()},
@@ -98,18 +110,19 @@ class Recognition(Metric):
 
 
 #: The recognition keys recomputed per bootstrap replicate (``replicate_recognition``).
-RECOGNITION_KEYS = ("auroc", "auprc", "f1", "hamming_acc", "ece")
+RECOGNITION_KEYS = ("auroc", "auprc", "f1", "hamming_acc", "f1_max", "acc_at_f1_max", "ece")
 
 
 def replicate_recognition(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, threshold: float = 0.5,
                           n_bins: int = CALIBRATION_BINS) -> dict[str, torch.Tensor]:
     """Every ``RECOGNITION_KEYS`` value per bootstrap replicate and class ``{key: [R, C]}`` (float64), where
     replicate r counts image n ``weights[r, n]`` times (``scores [N, C]``, 0/1 ``labels [N, C]``, int64
-    ``weights [R, N]``). With all weights 1 these are ``auroc``, ``average_precision``, ``f1_accuracy`` and
-    ``expected_calibration_error`` (the latter to 1e-12: scores enter its bin sums in int64 fixed point).
+    ``weights [R, N]``). With all weights 1 these are ``auroc``, ``average_precision``, ``f1_accuracy``, ``max_f1``
+    and ``expected_calibration_error`` (the latter to 1e-12: scores enter its bin sums in int64 fixed point).
 
     Vectorised over replicates: per class one sort of the scores, then weighted cumulative counts at the
-    end of each distinct score (int64, exact) give every replicate's ROC and precision-recall points;
+    end of each distinct score (int64, exact) give every replicate's ROC and precision-recall points (a score
+    not drawn in a replicate is no threshold of it: ``max_f1_from_counts``'s ``present``);
     F1, accuracy and the calibration bins are weighted int64 counts. NaN where a replicate lacks what
     the key needs (AUROC: positives and negatives; AUPRC: positives).
     """
@@ -142,6 +155,9 @@ def replicate_recognition(scores: torch.Tensor, labels: torch.Tensor, weights: t
         gained = (tp0[:, 1:] - tp0[:, :-1]).double()
         precision = torch.where(tps + fps > 0, tps.double() / (tps + fps).clamp_min(1).double(), 0.0)
         out["auprc"][:, k] = torch.where(p > 0, (gained * precision).sum(1) / p.clamp_min(1).double(), nan)
+        drawn_here = torch.diff(tps + fps, dim=1, prepend=zero) > 0
+        f1_max, _, acc_max = max_f1_from_counts(tps, fps, ranked[last], drawn_here)
+        out["f1_max"][:, k], out["acc_at_f1_max"][:, k] = f1_max, acc_max
         # calibration: per bin the weighted count, positives and score sum (fixed point), as reliability_bins bins
         bins = (torch.bucketize(scores[:, k].contiguous(), edges, right=True) - 1).clamp(0, n_bins - 1)
         count = torch.zeros(r, n_bins, dtype=torch.long).index_add_(1, bins, weights)
