@@ -10,8 +10,13 @@ A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`
   least-squares line and its R² (the paper's Fig. 3), and Pearson's r, R² = r² and the number of
   points per model and overall as a table and in ``report.json`` (``correlation_stats``);
 - Dice at τ = 0.5 against Dice at ``tau_best`` per model and dataset (Fig. 4: the calibration gap);
+- where the runs' maps differ in explainer (``metrics.json``'s ``explainer.name``, none = ``native``) or any is
+  not native, "Model × explainer": per dataset, tables of Pointing Game, Dice@0.5 and Dice best with models
+  in rows and explainers in columns, the spread across explainers against the spread across models, and
+  grouped bars of each model's Pointing Game per explainer (``model_x_explainer`` in ``report.json``);
 - the calibration plots and heatmap samples the runs saved.
 
+A run is labelled by its model, with its explainer in brackets where it is not native (``clip [gradcam]``).
 Figures are drawn with matplotlib into ``OUT/figures/`` (``report.md`` links them and the runs'
 own PNGs); ``report.html`` inlines every image as a data URI, so it opens from a file, offline.
 """
@@ -37,8 +42,19 @@ from xbench_pl.console import QUIET_SECONDS, ProgressLines
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
 SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
+LONG = {**SHORT, "pointing_game": "Pointing Game", "dice@0.5": "Dice at τ = 0.5", "dice_best": "Dice at tau_best"}
 #: data columns per HTML/markdown table (after the row names): at the page's 1,200 px, each column keeps ~100 px
 COLUMNS_PER_TABLE = 9
+#: the explainers in the order of ``xbench_pl.options.ExplainerName`` (not imported: the report runs without torch);
+#: a name not listed here comes after them
+EXPLAINERS = ("native", "gradcam", "gradcam++", "hirescam", "layercam", "xgradcam", "eigencam", "scorecam", "rollout", "chefer")
+#: the keys of the model x explainer tables (per dataset, macro means over findings)
+EXPLAINER_KEYS = ("pointing_game", "dice@0.5", "dice_best")
+
+
+def explainer_name(metrics: dict) -> str:
+    """The explainer of a run's maps: ``metrics.json``'s ``explainer.name``; ``native`` where absent (older runs)."""
+    return (metrics.get("explainer") or {}).get("name") or "native"
 
 
 @dataclass
@@ -46,6 +62,20 @@ class Run:
     name: str
     folder: Path
     metrics: dict
+
+    @property
+    def model(self) -> str:
+        return self.metrics["model"]
+
+    @property
+    def explainer(self) -> str:
+        return explainer_name(self.metrics)
+
+
+def run_label(metrics: dict) -> str:
+    """A run's name in the report: its model, and its explainer in brackets where not native (``clip [gradcam]``)."""
+    name = explainer_name(metrics)
+    return metrics["model"] if name == "native" else f"{metrics['model']} [{name}]"
 
 
 def parameter_order(params: dict) -> tuple:
@@ -69,7 +99,8 @@ def sweep_runs(folder: Path) -> list[Path]:
 
 def find_runs(folders: list[str]) -> list[Run]:
     """Every run under the given folders (a run folder, or a sweep folder with ``runs/*/``, ``sweep_runs``), named
-    by model (with the parameters or the folder name where two runs share a model name)."""
+    by ``run_label`` (with the parameters, but ``model.explainer`` which the label shows, or the folder name where two
+    runs share a label)."""
     found = []
     for folder in map(Path, folders):
         if (folder / "metrics.json").is_file():
@@ -80,12 +111,13 @@ def find_runs(folders: list[str]) -> list[Run]:
             raise FileNotFoundError(f"{folder}: no metrics.json (nor runs/*/metrics.json of a sweep); "
                                     "give folders written by test --out or sweep --out")
     metrics = [json.loads((f / "metrics.json").read_text()) for f in found]
-    runs = [Run(m["model"], f, m) for f, m in zip(found, metrics)]
+    runs = [Run(run_label(m), f, m) for f, m in zip(found, metrics)]
     names = [r.name for r in runs]
     for run in runs:
         if names.count(run.name) > 1:
             params = run.folder / "params.json"
-            suffix = ", ".join(f"{k}={v}" for k, v in json.loads(params.read_text()).items()) if params.is_file() else run.folder.name
+            shown = {k: v for k, v in json.loads(params.read_text()).items() if k != "model.explainer"} if params.is_file() else {}
+            suffix = ", ".join(f"{k}={v}" for k, v in shown.items()) or run.folder.name
             run.name = f"{run.name} ({suffix})"
     return runs
 
@@ -193,6 +225,121 @@ def split_columns(header: list[str], rows: list[list[str]], per_table: int, grou
             for start in range(0, len(header) - 1, size)]
 
 
+# -- model x explainer -----------------------------------------------------------------------------
+def has_explainers(runs: list[Run]) -> bool:
+    """Whether the report gets its "Model × explainer" section: the runs' explainers differ, or one is not native."""
+    return len({run.explainer for run in runs}) > 1 or any(run.explainer != "native" for run in runs)
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict) and value:
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: value} if prefix else {}
+
+
+def setting(run: Run) -> dict:
+    """What a run was apart from its maps: its ``config`` (``metrics.json``: model, data, precision) as dotted keys,
+    ``init_args`` left out (``model.positive``), without ``model.explainer``."""
+    flat = {key.replace(".init_args.", ".", 1): value for key, value in _flatten(run.metrics.get("config") or {}).items()}
+    flat.pop("model.explainer", None)
+    return flat
+
+
+def _explainer_order(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [n for n in EXPLAINERS if n in names] + [n for n in names if n not in EXPLAINERS]
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _spread(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) - min(values) if len(values) > 1 else None
+
+
+def explainer_grid(runs: list[Run]) -> dict:
+    """The model x explainer tables, as ``report.json`` holds them (``model_x_explainer``).
+
+    A row is a model in one setting (``setting``: the run's config but its explainer), a column an explainer
+    (``EXPLAINERS`` order). Runs of one model in several settings (a sweep over prompts and explainers) are
+    kept apart: one row per setting, labelled by the model and the config keys in which its settings differ.
+    Runs with the same model, setting and explainer are repeats: their numbers are averaged and ``runs``
+    counts them. ``datasets[DATASET][KEY][ROW][EXPLAINER]`` is the run's macro mean over the dataset's
+    findings (None where undefined or not run); ``spread[DATASET][KEY]``: ``across_explainers``, the mean over
+    rows of (max − min over the row's explainers), against ``across_models``, the mean over explainers of
+    (max − min over rows): the larger moves the number more, the map or the model."""
+    explainers = _explainer_order(run.explainer for run in runs)
+    settings: dict[str, list[str]] = {}  # model -> its settings (canonical JSON), first seen first
+    keyed = []
+    for run in runs:
+        key = json.dumps(setting(run), sort_keys=True, default=str)
+        settings.setdefault(run.model, [])
+        if key not in settings[run.model]:
+            settings[run.model].append(key)
+        keyed.append((run, key))
+    rows, labels = [], {}
+    for model, keys in settings.items():
+        parsed = [json.loads(k) for k in keys]
+        union = list(dict.fromkeys(k for p in parsed for k in p))
+        differ = [k for k in union if len({json.dumps(p.get(k), sort_keys=True) for p in parsed}) > 1]
+        for key, values in zip(keys, parsed):
+            label = model if len(keys) == 1 else f"{model} ({', '.join(f'{k}={values.get(k)}' for k in differ)})"
+            while label in labels.values():  # two models' labels that collide (not expected): kept apart
+                label += "'"
+            labels[(model, key)] = label
+            rows.append({"label": label, "model": model, "setting": {k: values.get(k) for k in differ}})
+    cells: dict[tuple[str, str], list[Run]] = {}
+    for run, key in keyed:
+        cells.setdefault((labels[(run.model, key)], run.explainer), []).append(run)
+    datasets = _datasets(runs)
+    tables = {dataset: {metric: {row["label"]: {e: _mean([r.metrics["datasets"].get(dataset, {}).get("mean", {}).get(metric)
+                                                          for r in cells.get((row["label"], e), [])])
+                                                for e in explainers}
+                                 for row in rows}
+                        for metric in EXPLAINER_KEYS}
+              for dataset in datasets}
+    spread = {dataset: {metric: {"across_explainers": _mean([_spread(list(table[row["label"]].values())) for row in rows]),
+                                 "across_models": _mean([_spread([table[row["label"]][e] for row in rows]) for e in explainers])}
+                        for metric, table in by_metric.items()}
+              for dataset, by_metric in tables.items()}
+    return {"explainers": explainers, "rows": rows, "keys": list(EXPLAINER_KEYS),
+            "runs": {row["label"]: {e: len(cells.get((row["label"], e), [])) for e in explainers} for row in rows},
+            "datasets": tables, "spread": spread}
+
+
+def explainer_table(grid: dict, dataset: str, metric: str) -> tuple[list[str], list[list[str]]]:
+    """One dataset's table of ``metric``: a row per model (setting), a column per explainer, then max − min over the
+    row; a last row, max − min over the models. "–": undefined or not run; "(mean of n)": n repeats averaged."""
+    table, counts = grid["datasets"][dataset][metric], grid["runs"]
+    header = ["model", *grid["explainers"], "max − min"]
+    rows = []
+    for row in grid["rows"]:
+        values = table[row["label"]]
+        rows.append([row["label"], *(_cell(values[e]) + (f" (mean of {counts[row['label']][e]})" if counts[row["label"]][e] > 1 else "")
+                                     for e in grid["explainers"]), _cell(_spread(list(values.values())))])
+    rows.append(["max − min over models", *(_cell(_spread([table[row["label"]][e] for row in grid["rows"]])) for e in grid["explainers"]), ""])
+    return header, rows
+
+
+def spread_text(grid: dict, dataset: str, metric: str) -> str:
+    spread = grid["spread"][dataset][metric]
+    return (f"{dataset}, {SHORT[metric]}: across explainers (per model) max − min is {_cell(spread['across_explainers'])} on "
+            f"average, across models (per explainer) {_cell(spread['across_models'])}.")
+
+
+def explainers_used(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Where each run's maps come from (``metrics.json``'s ``explainer``): layer, target, library and version."""
+    rows = []
+    for run in runs:
+        info = run.metrics.get("explainer") or {"name": "native"}
+        library = " ".join(str(info[k]) for k in ("library", "version") if info.get(k))
+        rows.append([run.name, info.get("name") or "native", info.get("target_layer") or "–", info.get("target") or "–", library or "–"])
+    return ["run", "explainer", "target layer", "target", "library"], rows
+
+
 # -- figures ---------------------------------------------------------------------------------------
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
@@ -271,6 +418,49 @@ def figure_dice_gap(runs: list[Run], path: Path):
     return fig
 
 
+def figure_explainers(grid: dict, path: Path, metric: str = "pointing_game"):
+    """Each model's ``metric`` per explainer, returned: per dataset (a panel each, side by side, models shared) one
+    group of horizontal bars per model (setting), one bar per explainer, colour by explainer, value at its end;
+    where a bar is missing, a grey note says why (undefined, or no such run, e.g. a refused rollout)."""
+    import textwrap
+
+    from matplotlib import colormaps
+    from matplotlib.patches import Patch
+
+    datasets, rows, explainers = list(grid["datasets"]), grid["rows"], grid["explainers"]
+    colours = colormaps["tab10" if len(explainers) <= 10 else "tab20"]
+    bar = 0.8 / len(explainers)
+    lines = max(textwrap.fill(row["label"], 32).count("\n") + 1 for row in rows)
+    group = max(0.14 * len(explainers) + 0.15, 0.14 * lines)  # inches per model: room for its bars and its label's lines
+    columns = min(3, len(datasets))
+    panels = math.ceil(len(datasets) / columns)
+    fig = _figure(7 if columns == 1 else 2.2 + 3.2 * columns, 1.0 + panels * (0.5 + group * len(rows)))
+    axes = fig.subplots(panels, columns, sharey=True, squeeze=False).ravel()
+    ys = list(range(len(rows)))
+    for ax, dataset in zip(axes, datasets):
+        table, counts = grid["datasets"][dataset][metric], grid["runs"]
+        for j, explainer in enumerate(explainers):
+            offset = -0.4 + bar * (j + 0.5)
+            placed = [(y + offset, table[row["label"]][explainer], counts[row["label"]][explainer]) for y, row in zip(ys, rows)]
+            shown = [(y, v) for y, v, n in placed if v is not None]
+            ax.barh([y for y, _ in shown], [v for _, v in shown], height=bar * 0.9, color=colours(j))
+            for y, v, n in placed:
+                text = f"{v:.2f}" if v is not None else f"{explainer}: undefined" if n else f"{explainer}: no run"
+                ax.annotate(text, (0.005 if v is None else v + 0.005, y), va="center", fontsize=5, color="black" if v is not None else "gray")
+        ax.set(xlim=(0, 1.08), xlabel=f"{LONG[metric]} (mean over findings)")
+        ax.set_title(dataset, fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+    for ax in axes[len(datasets):]:
+        ax.set_visible(False)
+    axes[0].set_yticks(ys, [textwrap.fill(row["label"], 32) for row in rows], fontsize=7)
+    axes[0].set_ylim(len(rows) - 0.5, -0.5)  # the first model on top, as in the tables
+    fig.suptitle(f"Is it the model or the map? {LONG[metric]} per model and explainer", fontsize=9)
+    handles = [Patch(color=colours(j), label=explainer) for j, explainer in enumerate(explainers)]
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=min(5, len(explainers)))
+    fig.savefig(path)
+    return fig
+
+
 # -- the documents ---------------------------------------------------------------------------------
 def saved_images(run: Run) -> dict[str, list[tuple[Path, str]]]:
     """The run's calibration plots and heatmap samples, per section title: (file, caption)."""
@@ -326,6 +516,45 @@ window.addEventListener("load", function () {
 """
 
 
+def _figure_html(name: str, folder: Path, caption: str) -> str:
+    return (f'<figure><img src="{_data_uri(folder / name)}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+EXPLAINER_FIGURE = "pointing_game_by_explainer.png"
+
+
+def explainer_section(runs: list[Run], grid: dict, figures: Path) -> tuple[list[str], list[str]]:
+    """The "Model × explainer" section (markdown lines, HTML parts): per dataset a table per ``EXPLAINER_KEYS``
+    (split at ``COLUMNS_PER_TABLE``), the spreads, the grouped bars and where each run's maps come from."""
+    title = "Model × explainer: is it the model or the map?"
+    intro = ("Macro means over findings, per dataset: a row per model (per setting where its runs differ in more than "
+             "the explainer: the differing config keys follow its name), a column per explainer (`--model.explainer`; "
+             "none recorded = native). Scores are the model's whatever the explainer, so only the maps differ along a row. "
+             "Repeats (same model, setting and explainer) are averaged. If max − min along the rows (across explainers) "
+             "exceeds that down the columns (across models), the map moves the number more than the model does.")
+    md, doc = ["", f"## {title}", "", intro], [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(intro.replace('`', ''))}</p>"]
+    for dataset in grid["datasets"]:
+        md += ["", f"### {dataset}"]
+        doc.append(f"<h3>{html.escape(dataset)}</h3>")
+        for metric in EXPLAINER_KEYS:
+            md += ["", f"#### {dataset}: {SHORT[metric]} by model and explainer"]
+            doc.append(f"<h4>{html.escape(dataset)}: {html.escape(SHORT[metric])} by model and explainer</h4>")
+            for h, r in split_columns(*explainer_table(grid, dataset, metric), COLUMNS_PER_TABLE):
+                md += ["", _md_table(h, r)]
+                doc.append(_html_table(h, r))
+            md += ["", spread_text(grid, dataset, metric)]
+            doc.append(f"<p>{html.escape(spread_text(grid, dataset, metric))}</p>")
+    figure_explainers(grid, figures / EXPLAINER_FIGURE)
+    caption = "Pointing Game per model (a group of bars) and explainer (a bar), per dataset"
+    md += ["", f"![{caption}](figures/{EXPLAINER_FIGURE})", "", f"*{caption}*"]
+    doc.append(_figure_html(EXPLAINER_FIGURE, figures, caption))
+    h, r = explainers_used(runs)
+    md += ["", "### Where each run's maps come from", "", _md_table(h, r)]
+    doc += ["<h3>Where each run's maps come from</h3>", _html_table(h, r)]
+    return md, doc
+
+
 def build(runs: list[Run], out: Path) -> dict:
     """Write ``report.md``, ``report.html`` and ``figures/``; return the numbers the figures show."""
     figures = out / "figures"
@@ -345,6 +574,11 @@ def build(runs: list[Run], out: Path) -> dict:
     for h, r in split_columns(header, rows, COLUMNS_PER_TABLE, group=len(TABLE1)):
         md += ["", _md_table(h, r)]
         doc.append(_html_table(h, r))
+    grid = explainer_grid(runs) if has_explainers(runs) else None
+    if grid is not None:
+        section_md, section_html = explainer_section(runs, grid, figures)
+        md += section_md
+        doc += section_html
     r2 = r2_text(fit["r2"])
     fig_text = [("auroc_vs_pointing_game.png", f"AUROC against Pointing Game per (model, dataset, finding): "
                  f"{fit['points']} points, R² = {r2} (Fig. 3)"),
@@ -355,8 +589,10 @@ def build(runs: list[Run], out: Path) -> dict:
         md += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
         doc.append(f'<figure><img src="{_data_uri(figures / name)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
     stats = correlation_stats(auroc_pg_points(runs))
-    (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder)} for r in runs],
-                                                 "auroc_vs_pointing_game": stats}, indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model,
+                                                           "explainer": r.explainer} for r in runs],
+                                                 "auroc_vs_pointing_game": stats,
+                                                 **({"model_x_explainer": grid} if grid is not None else {})}, indent=1) + "\n")
     h, r = correlation_table(stats)
     title = "AUROC against Pointing Game per finding: Pearson r (undefined: a constant side)"
     md += [f"### {title}", "", _md_table(h, r), ""]
