@@ -135,6 +135,10 @@ class _PairMetric(Metric):
 class PointingGame(_PairMetric):
     """Mean pointing-game hit per class (``functional.pointing_game``: ties in expectation)."""
 
+    #: the per-pair hits from the maps, and from the fused kernel's counts when one pass serves every metric
+    rule = staticmethod(pointing_game)
+    rule_from_counts = staticmethod(kernels.pointing_from_counts)
+
     def __init__(self, num_classes: int, **kwargs):
         super().__init__(num_classes, **kwargs)
         self.add_state("hits", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
@@ -142,7 +146,7 @@ class PointingGame(_PairMetric):
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
         shared = shared_counts(maps, masks)
-        hits = pointing_game(maps, masks) if shared is None else kernels.pointing_from_counts(shared["counts"])
+        hits = self.rule(maps, masks) if shared is None else self.rule_from_counts(shared["counts"])
         self.hits = self.hits.index_add(0, cls, to_fixed(hits))
         self.last = hits
 
@@ -151,26 +155,13 @@ class PointingGame(_PairMetric):
         return from_fixed(self.hits, self.pairs)
 
 
-class PointingAnyTie(_PairMetric):
+class PointingAnyTie(PointingGame):
     """Mean pointing-game hit per class under the other tools' rule (``functional.pointing_game_any_tie``: a hit
     when any maximal pixel is in the region; Quantus, MedKLIP's RSNA script)."""
 
     plot_lower_bound, plot_upper_bound = 0.0, 1.0
-
-    def __init__(self, num_classes: int, **kwargs):
-        super().__init__(num_classes, **kwargs)
-        self.add_state("hits", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
-        maps, masks, cls = self._select(maps, masks, class_index)
-        shared = shared_counts(maps, masks)
-        hits = pointing_game_any_tie(maps, masks) if shared is None else kernels.any_tie_from_counts(shared["counts"])
-        self.hits = self.hits.index_add(0, cls, to_fixed(hits))
-        self.last = hits
-
-    def compute(self) -> torch.Tensor:
-        """``[C]`` hit rate per class (NaN for a class without regions)."""
-        return from_fixed(self.hits, self.pairs)
+    rule = staticmethod(pointing_game_any_tie)
+    rule_from_counts = staticmethod(kernels.any_tie_from_counts)
 
 
 class DiceIoU(_PairMetric):
