@@ -102,7 +102,8 @@ def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
     assert (f"nih_bbox: 1 image(s)/row(s) skipped and 1 corrected (clipped 1); listed in {out / 'metrics.json'} "
             f"(datasets.nih_bbox.problems) and {out / 'metrics.md'}") in result.stdout.splitlines()
     report = json.loads((out / "metrics.json").read_text())
-    assert list(report) == ["model", "random_weights", "datasets", "config", "provenance"]
+    assert list(report) == ["model", "random_weights", "datasets", "config", "explainer", "provenance"]
+    assert report["explainer"]["name"] == "native"  # where the maps come from (docs/explainers.md)
     assert report["model"] == "fixture_models.RandomIntensityModel" and report["random_weights"] is True
     problems = report["datasets"]["nih_bbox"]["problems"]
     assert [(p["file"].rsplit("/", 1)[-1], p["row"], p["action"]) for p in problems] == [
