@@ -304,7 +304,7 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     tuned = json.loads((tmp_path / "tune" / "metrics.json").read_text())["datasets"]["demo"]
     assert "no tuning run" in tuned["tuning"]["note"] and tuned["mean"]["dice_tuned"] is None
     test = [*common, "--data.split_file", str(tmp_path / "test.csv"), "--model.tune_from", str(tmp_path / "tune"),
-            "--model.size_strata", "[0.02, 0.08]", "--model.negatives", "true", "--model.cxl", "true"]
+            "--model.size_strata", "[0.02, 0.08]", "--model.negatives", "true", "--model.cxl", "true", "--model.groups", "sex,age,view"]
     a, b, _ = one_and_two_processes(tmp_path, *test)
     assert json.dumps(a) == json.dumps(b)
     demo = a["datasets"]["demo"]
@@ -322,5 +322,11 @@ def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_pa
     assert demo["mean"]["pg_any_tie"] >= demo["mean"]["pointing_game"] and demo["ci"]["mean"]["pg_any_tie"] is not None
     assert demo["by_size"]["bounds"] == [0.02, 0.08]
     assert sum(demo["by_size"]["mean"][s]["n_regions"] for s in ("small", "medium", "large")) == demo["mean"]["n_regions"]
+    # subgroups (issue 20): counts, per-group tables with intervals, and gaps, exact over 2 processes too
+    groups = demo["by_group"]
+    assert sum(groups["sex"]["n_images"].values()) == 6 and groups["sex"]["n_images"]["unknown"] == 0
+    assert groups["view"]["n_images"] == {"PA": 6, "AP": 0, "unknown": 0}
+    assert sum(groups["sex"][v]["mean"]["n_regions"] for v in ("F", "M")) == demo["mean"]["n_regions"]
+    assert groups["sex"]["F"]["ci"]["mean"]["pointing_game"] is not None and groups["sex"]["gap"]["pointing_game"]["p"] is not None
     table = (tmp_path / "one" / "metrics.md").read_text()
     assert "bootstrap intervals" in table and "cxl_miou" in table

@@ -29,3 +29,14 @@ GridThreshold = extend_base_type("GridThreshold", float, _on_threshold_grid, reg
 #: where a model's saliency maps come from (``xbench_pl.explainers``): ``native`` or an explanation method
 ExplainerName = Literal["native", "gradcam", "gradcam++", "hirescam", "layercam", "xgradcam", "eigencam", "scorecam",
                         "rollout", "chefer"]
+
+
+def _group_names(cls, value) -> None:
+    from xbench_pl.data.groups import parse_groups
+
+    parse_groups(value)
+
+
+#: subgroups to report (``--model.groups sex,age,view``, any subset): comma-separated names of ``data.groups.GROUPS``
+GroupNames = extend_base_type("GroupNames", str, _group_names, register_key=("xbench_pl", "GroupNames"),
+                              docstring="comma-separated subgroups: sex, age, view (any subset)")

@@ -388,6 +388,7 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
             images=torch.zeros((), device=device).expand(n, 3, size, size),  # only its shape is read: the input size
             image_ids=ids, datasets=[dataset.name] * n, classes=list(dataset.classes),
             patient_ids=[dataset.records[position[i]].patient_id for i in ids],  # the bootstrap's unit, as in the run
+            groups=[dict(dataset.records[position[i]].groups) for i in ids],  # subgroups (--model.groups), as in the run
             original_size=original_size.to(device), affine=shard["affine"][part].to(device),
             labels=torch.stack(labels).to(device), region_masks=torch.cat(masks).to(device),
             region_index=torch.cat(region_index).to(device),

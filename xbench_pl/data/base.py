@@ -39,7 +39,9 @@ class Record:
     ``region_sources`` (optional, parallel to ``regions``) gives each region's ``(file, row)``
     so that a region that does not fit its image is reported at its own row;
     ``patient_id`` (where the dataset records it) groups a patient's images: patient-level
-    resampling and splits use it, else each image is its own unit.
+    resampling and splits use it, else each image is its own unit;
+    ``groups`` (where the dataset's metadata gives them) maps a subgroup name (``sex``, ``age``, ``view``) to the
+    image's value (``xbench_pl.data.groups``): a name it lacks is ``unknown``.
     """
 
     image_id: str
@@ -49,6 +51,7 @@ class Record:
     source: str = ""
     region_sources: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     patient_id: str | None = None
+    groups: dict[str, str] = field(default_factory=dict)
 
     def add_region(self, finding: str, region: Region, file: str | Path, row: int) -> None:
         self.regions.setdefault(finding, []).append(region)
@@ -68,6 +71,7 @@ class Batch:
     gives each pair's (sample, class) index.
     index ``[B]``: position of each sample in its dataset.
     patient_ids: each sample's ``Record.patient_id`` (None where the dataset has none).
+    groups: each sample's ``Record.groups`` (subgroup values; ``{}``: all unknown).
     counted ``[B]`` bool: False only for the stand-in sample a DDP rank without data of its own
     processes so that it takes part in the metric sync (``EvalDistributedSampler``), or a loader
     whose images were all skipped (``skip_ids``) processes so that the test epoch still ends;
@@ -86,6 +90,7 @@ class Batch:
     index: torch.Tensor
     counted: torch.Tensor
     patient_ids: list[str | None] = field(default_factory=list)
+    groups: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def dataset(self) -> str:
@@ -118,6 +123,7 @@ class XBenchDataset(Dataset):
             "image": pixels,
             "image_id": record.image_id,
             "patient_id": record.patient_id,
+            "groups": dict(record.groups),
             "dataset": self.name,
             "original_size": torch.tensor([height, width]),
             "affine": affine,
@@ -164,6 +170,7 @@ def collate(samples: list[dict]) -> Batch:
         index=torch.tensor([s["index"] for s in samples]),
         counted=torch.tensor([s["counted"] for s in samples]),
         patient_ids=[s["patient_id"] for s in samples],
+        groups=[s.get("groups", {}) for s in samples],
     )
 
 

@@ -40,6 +40,7 @@ from jsonargparse.typing import NonNegativeInt
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.errors import UNUSABLE_BOX, DataError
+from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import canonical, dataset_classes
@@ -50,6 +51,8 @@ NIH_BOX_CLASSES = dataset_classes("nih_bbox")
 NO_FINDING = "No Finding"
 ENTRY_COLUMNS = ("Image Index", "Finding Labels")
 PATIENT_COLUMN = "Patient ID"  # optional: the record's patient_id
+#: optional: the record's subgroups (``xbench_pl.data.groups``): sex, age in years, PA/AP
+GROUP_COLUMNS = {"sex": "Patient Gender", "age": "Patient Age", "view": "View Position"}
 ENTRY_TABLES = ("Data_Entry_2017_v2020.csv*", "Data_Entry_2017.csv*")  # NIH's current release first, then Kaggle's
 
 
@@ -126,22 +129,24 @@ class NIHBoxDataModule(XBenchDataModule):
         return list(records.values())
 
     def read_entries(self, root: Path) -> pd.DataFrame | None:
-        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, Patient ID, row``; an empty
-        ``Patient ID`` where the table has none); None if ``root`` has none."""
+        """``Data_Entry_2017*.csv`` (``Image Index, Finding Labels, Patient ID, Patient Gender, Patient Age,
+        View Position, row``; an empty cell where the table lacks the column); None if ``root`` has none."""
         path = find_one(root, ENTRY_TABLES, required=False)
         if path is None:
             return None
         table = read_table(path, ENTRY_COLUMNS)
-        if PATIENT_COLUMN not in table.columns:
-            table[PATIENT_COLUMN] = ""
-        table = table[[*ENTRY_COLUMNS, PATIENT_COLUMN, "row"]]
+        for column in (PATIENT_COLUMN, *GROUP_COLUMNS.values()):
+            if column not in table.columns:
+                table[column] = ""
+        table = table[[*ENTRY_COLUMNS, PATIENT_COLUMN, "row", *GROUP_COLUMNS.values()]]
         table.attrs["path"] = path
         return table
 
     def add_entry_labels(self, entries: pd.DataFrame, records: dict[str, Record]) -> None:
         path = entries.attrs["path"]
-        for image_id, findings, patient, row in entries[entries["Image Index"].isin(records.keys())].itertuples(index=False):
+        for image_id, findings, patient, row, sex, age, view in entries[entries["Image Index"].isin(records.keys())].itertuples(index=False):
             records[image_id].patient_id = patient or None
+            records[image_id].groups = metadata_groups(sex or None, age or None, view or None)
             if not findings:
                 self.report(DataError(path, "empty Finding Labels", row=row))
                 continue
@@ -163,9 +168,9 @@ class NIHBoxDataModule(XBenchDataModule):
         chosen = np.sort(np.random.default_rng(self.seed).choice(len(normal), self.negatives, replace=False))
         path = entries.attrs["path"]
         out = {}
-        for image_id, _, patient, row in normal.iloc[chosen].itertuples(index=False):
+        for image_id, _, patient, row, sex, age, view in normal.iloc[chosen].itertuples(index=False):
             out[image_id] = Record(image_id, images.get(image_id, default=self.root / "images"), {}, {}, f"{path}, row {row}",
-                                   patient_id=patient or None)
+                                   patient_id=patient or None, groups=metadata_groups(sex or None, age or None, view or None))
         return out
 
 

@@ -21,6 +21,10 @@ With ``negatives=True`` every row also has ``neg_fp_rate, neg_mass`` over the (i
 where the finding is absent (``NEGATIVE_KEYS``), fed by ``update(negatives=...)``.
 With ``cxl=True`` every row also has ``cxl_hit_rate, cxl_miou, cxl_miou_all``: CheXlocalize's hit rate and
 mIoU at each image's full resolution (``chexlocalize.py``), fed by ``update_cxl``.
+With ``groups`` (``("sex", "age", "view")``, any subset; ``xbench_pl.data.groups``) the table also has
+``by_group``: per group, ``n_images`` per value (``unknown`` included), per known value the table of that
+value's images alone (``classes``, ``mean``: the same metric code on the subset; ``ci``: on the dataset's
+bootstrap draws), and ``gap`` per key (``group_gap``). The cxl keys are not reported per group.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import math
 
 import torch
 from torch import nn
+from torchmetrics import Metric
+
+from xbench_pl.data.groups import GROUPS, UNKNOWN
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
 from xbench_pl.metrics.functional import (
@@ -56,7 +63,7 @@ from xbench_pl.metrics.grounding import (
     shared_pass,
     to_fixed,
 )
-from xbench_pl.metrics.functional import bootstrap_weights
+from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.metrics.recognition import Recognition, replicate_recognition
 from xbench_pl.metrics.resampling import (
     DEFAULT_SIZE_BOUNDS,
@@ -143,13 +150,54 @@ def checked_size_bounds(size_bounds) -> tuple[float, float]:
     return bounds
 
 
+class GroupCounts(Metric):
+    """Images per value of one subgroup (the last count: ``unknown``), summed over processes."""
+
+    full_state_update = False
+    is_differentiable = False
+
+    def __init__(self, n_values: int, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("counts", torch.zeros(n_values, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, codes: torch.Tensor) -> None:
+        self.counts += torch.bincount(codes.long().cpu(), minlength=self.counts.numel()).to(self.counts.device)
+
+    def compute(self) -> torch.Tensor:
+        return self.counts
+
+
+def group_gap(means: dict[str, float | None], replicates: dict[str, torch.Tensor] | None, level: float = 0.95) -> dict | None:
+    """The gap of one key between a group's values: ``means`` (each known value's macro mean, None where
+    undefined) and ``replicates`` (each value's macro mean per bootstrap replicate ``[R]``, all on the same draws of
+    the dataset's units; None without a bootstrap). ``high``/``low`` are the values with the largest/smallest mean
+    (the first in table order on a tie), ``gap = mean[high] - mean[low]`` (>= 0); its replicates are
+    ``mean_r[high] - mean_r[low]`` with the direction kept (paired: both on the same draw). ``ci``: their
+    percentile interval; ``p``: the two-sided bootstrap test of no gap, ``min(1, 2 min(share(d_r <= 0),
+    share(d_r >= 0)))`` over the replicates where both are defined. None with fewer than two defined values."""
+    defined = [(value, mean) for value, mean in means.items() if mean is not None]
+    if len(defined) < 2:
+        return None
+    high = max(defined, key=lambda item: item[1])[0]  # max/min keep the first of equals
+    low = min(defined, key=lambda item: item[1])[0]
+    out = {"gap": means[high] - means[low], "high": high, "low": low, "ci": None, "p": None}
+    if replicates is not None and high in replicates and low in replicates:
+        diff = replicates[high] - replicates[low]
+        diff = diff[~torch.isnan(diff)]
+        if diff.numel():
+            out["ci"] = interval(percentile_interval(diff, level))
+            share = min(float((diff <= 0).double().mean()), float((diff >= 0).double().mean()))
+            out["p"] = min(1.0, 2 * share)
+    return out
+
+
 class BenchmarkMetrics(nn.Module):
     """Recognition + grounding for one dataset's class list; ``compute()`` gives its table."""
 
     def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
                  tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False,
-                 negatives: bool = False):
+                 negatives: bool = False, groups: tuple[str, ...] = ()):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
@@ -176,19 +224,38 @@ class BenchmarkMetrics(nn.Module):
         self.images = ImageRecords(c, IMAGE_KEYS)
         self.keyed = True  # every update gave image keys (bootstrap and specificity need them)
         self.images_keyed = True  # every update gave sample keys (intervals of image-level and recognition keys)
+        # subgroups: per group the images per value, and per known value the same metrics on its images alone
+        self.group_names = tuple(groups)
+        for name in self.group_names:
+            if name not in GROUPS:
+                raise ValueError(f"unknown group {name!r}: choose from {', '.join(GROUPS)}")
+        if not self.group_names:  # no submodules then: a table without groups holds exactly the metrics it had
+            return
+        self.group_counts = nn.ModuleDict({g: GroupCounts(len(GROUPS[g]) + 1) for g in self.group_names})
+        self.group_metrics = nn.ModuleDict({
+            f"{g}_{i}": BenchmarkMetrics(classes, normalize, fixed_threshold, score_threshold, bootstrap=0, size_bounds=size_bounds,
+                                         tuned_thresholds=tuned_thresholds, tuning_source=tuning_source, negatives=negatives)
+            for g in self.group_names for i in range(len(GROUPS[g]))})
 
     @shared_pass()  # the grounding metrics share one fused pass over the maps (kernels.py)
     def update(self, scores, labels, maps, masks, class_index, image_keys: torch.Tensor | None = None,
                saliency: torch.Tensor | None = None, unit_keys: torch.Tensor | None = None,
                sample_keys: torch.Tensor | None = None, sample_units: torch.Tensor | None = None,
-               negatives: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+               negatives: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+               groups: dict[str, list[str]] | None = None, pair_rows: torch.Tensor | None = None) -> None:
         """``image_keys [N]`` int64: each pair's image (``resampling.image_key`` of its id), needed by
         ``specificity`` and the bootstrap; ``unit_keys [N]``: each pair's bootstrap unit (``resampling.unit_key``:
         its patient where known; default its image); ``sample_keys``, ``sample_units`` ``[B]``: the same per
         scored image (the intervals of recognition and image-level keys need them); ``saliency [B, C, h, w]``:
         every finding's map of the scored images (``map_similarity``). Any may be left out: what needs it
         is then not reported. ``negatives``: ``(maps [M, H, W], class [M], row [M])``, the eval-grid maps of
-        (image, finding) pairs where the finding is absent, ``row`` indexing ``scores`` (``negatives=True``)."""
+        (image, finding) pairs where the finding is absent, ``row`` indexing ``scores`` (``negatives=True``).
+        ``groups``: per group name, each scored image's value (``Record.groups``; a missing name or None: all
+        ``unknown``); ``pair_rows [N]``: each pair's row of ``scores`` (needed with ``groups``)."""
+        if self.group_names:
+            self._update_groups(groups, pair_rows, scores, labels, maps, masks, class_index,
+                                dict(image_keys=image_keys, saliency=saliency, unit_keys=unit_keys, sample_keys=sample_keys,
+                                     sample_units=sample_units), negatives)
         self.recognition.update(scores, labels)
         self.pointing.update(maps, masks, class_index)
         self.dice_iou.update(maps, masks, class_index)
@@ -228,6 +295,74 @@ class BenchmarkMetrics(nn.Module):
         sample_keys = torch.as_tensor(sample_keys, dtype=torch.long)
         units = sample_keys if sample_units is None else torch.as_tensor(sample_units, dtype=torch.long)
         self.images.update(sample_keys, units, scores, labels, per_image)
+
+    def _update_groups(self, groups, pair_rows, scores, labels, maps, masks, class_index, keys: dict, negatives) -> None:
+        """Count each scored image's value of every group, and feed each known value's metrics its images and
+        their pairs (every value's metrics are updated each time, with nothing where none is there, so every
+        process syncs the same states)."""
+        b = scores.shape[0]
+        if maps.shape[0] and pair_rows is None and groups:
+            raise ValueError("update: groups need pair_rows, each pair's row of scores")
+        pair_rows = torch.zeros(0, dtype=torch.long) if pair_rows is None else torch.as_tensor(pair_rows, dtype=torch.long).cpu()
+        for name in self.group_names:
+            values = list((groups or {}).get(name) or [UNKNOWN] * b)
+            if len(values) != b:
+                raise ValueError(f"update: {len(values)} values of group {name!r} for {b} scored images")
+            known = GROUPS[name]
+            codes = torch.tensor([known.index(v) if v in known else len(known) for v in values], dtype=torch.long)
+            self.group_counts[name].update(codes)
+            for i in range(len(known)):
+                rows = codes == i
+                pairs = rows[pair_rows] if pair_rows.numel() else torch.zeros(maps.shape[0], dtype=torch.bool)
+                position = torch.cumsum(rows.long(), 0) - 1  # a row's place among the value's rows
+                subset = {k: (None if v is None else v[(pairs if k in ("image_keys", "unit_keys") else rows).to(v.device)])
+                          for k, v in keys.items()}
+                negative = None
+                if negatives is not None:
+                    n_maps, n_cls, n_row = negatives
+                    keep = rows[n_row.long().cpu()]
+                    negative = (n_maps[keep.to(n_maps.device)], n_cls[keep.to(n_cls.device)], position[n_row.long().cpu()[keep]])
+                on_pairs = pairs.to(maps.device)
+                self.group_metrics[f"{name}_{i}"].update(scores[rows.to(scores.device)], labels[rows.to(labels.device)], maps[on_pairs],
+                                                         masks[pairs.to(masks.device)], class_index[pairs.to(class_index.device)],
+                                                         negatives=negative, **subset)
+
+    def _by_group(self, state: dict) -> dict:
+        """``by_group``: per group ``n_images`` per value, the table of each known value's images, and ``gap``
+        per key (``group_gap``), intervals and gaps on the dataset's own bootstrap draws (paired)."""
+        draws = None
+        if self.bootstrap and self.keyed and state["pairs"]["cls"].numel():
+            universe, unit = self.units(state)
+            draws = (universe, unit, bootstrap_weights(universe.numel(), self.bootstrap, self.bootstrap_seed))
+        out = {}
+        for name in self.group_names:
+            counts = self.group_counts[name].compute().cpu().tolist()
+            known = GROUPS[name]
+            entry = {"n_images": {**{v: int(counts[i]) for i, v in enumerate(known)}, UNKNOWN: int(counts[-1])}}
+            means, replicates = {}, {}
+            for i, value in enumerate(known):
+                metric = self.group_metrics[f"{name}_{i}"]
+                table = metric.compute()
+                row = {"n_images": int(counts[i]), "classes": table["classes"], "mean": table["mean"], "ci": None}
+                sub = metric.sample_state()
+                if draws is not None and counts[i] and sub["pairs"]["cls"].numel():
+                    universe, unit, weights = draws
+                    reps = metric.replicates(sub, universe, weights)
+                    boot = {k: intervals(v[:, :, None]) for k, v in reps.items()}
+                    row["ci"] = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
+                                 "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
+                                 "classes": {c: {k: interval(b["classes"][j, 0]) for k, b in boot.items()}
+                                             for j, c in enumerate(self.classes)}}
+                    replicates[value] = {k: v.nanmean(1) for k, v in reps.items()}
+                means[value] = row["mean"] if counts[i] else None
+                entry[value] = row
+            entry["gap"] = {}
+            for key in metric.keys:
+                per_value = {v: (m[key] if m is not None else None) for v, m in means.items()}
+                reps = {v: r[key] for v, r in replicates.items() if key in r} if draws is not None else None
+                entry["gap"][key] = group_gap(per_value, reps)
+            out[name] = entry
+        return out
 
     def _negatives(self, per_image: dict, maps: torch.Tensor, cls: torch.Tensor, row: torch.Tensor) -> None:
         """Each negative pair's ``neg_fp_rate`` and ``neg_mass`` (``functional.negative_map_stats`` of the
@@ -297,7 +432,10 @@ class BenchmarkMetrics(nn.Module):
             mean[k] = sum(defined) / len(defined) if defined else None
         mean.update({k: sum(row[k] for row in classes.values()) for k in COUNT_KEYS})
         ci, by_size = self._resampled(state)
-        return {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
+        out = {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
+        if self.group_names:
+            out["by_group"] = self._by_group(state)
+        return out
 
     # -- beyond the paper ------------------------------------------------------------------------
     def _tuned_index(self) -> torch.Tensor:
@@ -455,8 +593,9 @@ class BenchmarkMetrics(nn.Module):
         return ci, by_size
 
     def reset(self) -> None:
-        for metric in self.children():  # every accumulating metric, the cxl mode included
-            metric.reset()
+        for metric in self.children():  # every accumulating metric, the cxl mode and the subgroups' included
+            for child in (metric.values() if isinstance(metric, nn.ModuleDict) else (metric,)):
+                child.reset()
         self.keyed = self.images_keyed = True
 
 

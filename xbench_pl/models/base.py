@@ -36,7 +36,7 @@ from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.metrics.resampling import image_key, unit_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.options import ExplainerName, GridThreshold
+from xbench_pl.options import ExplainerName, GridThreshold, GroupNames
 from xbench_pl.registry import qualified_name
 
 #: ``ZeroShotModel``'s arguments that choose how maps are made, not how they are judged (``predictions.metric_settings``)
@@ -115,6 +115,9 @@ class ZeroShotModel(L.LightningModule):
             Scores are the native forward's (a CAM's own forward, equal to float32 round-off).
         explainer_layer: the CAMs' target layer, a module path (``model.get_submodule``); None: the family's
             default (the image tower's last ResNet stage, or its last ViT block's first norm).
+        groups: subgroups to report per dataset in ``by_group`` (``sex,age,view``, any subset, comma-separated;
+            ``xbench_pl.data.groups``): each group value's table, its images counted, and the gap between
+            values with a paired bootstrap interval and p-value (docs/metrics.md). None: off.
     """
 
     preprocess: Preprocess
@@ -129,8 +132,13 @@ class ZeroShotModel(L.LightningModule):
                  score_threshold: ClosedUnitInterval = 0.5, bootstrap: NonNegativeInt = 1000, bootstrap_seed: int = 0,
                  size_strata: tuple[OpenUnitInterval, OpenUnitInterval] = (0.01, 0.1), tune_from: str | None = None,
                  cxl: bool = False, negatives: bool = False, trainable: list[str] | None = None, lr: PositiveFloat = 1e-4,
-                 weight_decay: NonNegativeFloat = 0.01, explainer: ExplainerName = "native", explainer_layer: str | None = None):
+                 weight_decay: NonNegativeFloat = 0.01, explainer: ExplainerName = "native", explainer_layer: str | None = None,
+                 groups: GroupNames | None = None):
         super().__init__()
+        from xbench_pl.data.groups import parse_groups
+
+        # a replay (predictions.metric_settings) passes back the parsed tuple
+        self.groups = parse_groups(groups if isinstance(groups, str) else ",".join(groups)) if groups else ()
         if explainer != "native" and self.IMAGE_TOWER is None:
             raise ValueError(f"{type(self).__name__} has no network to explain: it takes explainer 'native' only, got {explainer!r}")
         if explainer_layer is not None and explainer == "native":
@@ -222,7 +230,7 @@ class ZeroShotModel(L.LightningModule):
         self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
                                                 bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
                                                 tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl,
-                                                negatives=self.negatives).to(self.device)
+                                                negatives=self.negatives, groups=self.groups).to(self.device)
 
     def on_test_start(self) -> None:
         self.benchmark = nn.ModuleDict()
@@ -254,10 +262,18 @@ class ZeroShotModel(L.LightningModule):
         masks = batch.region_masks[counted_pairs]
         image_keys, units = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long), batch_units(batch)
         rows = counted.nonzero().flatten().cpu()
+        groups = pair_rows = None
+        if self.groups:
+            samples = batch.groups or [{}] * len(batch.image_ids)
+            groups = {name: [samples[i].get(name, "unknown") for i in rows.tolist()] for name in self.groups}
+            position = torch.full((len(batch.image_ids),), -1, dtype=torch.long)
+            position[rows] = torch.arange(rows.numel())
+            pair_rows = position[sample.cpu()]
         self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls,
                                              image_keys=image_keys[sample.cpu()], unit_keys=units[sample.cpu()],
                                              sample_keys=image_keys[rows], sample_units=units[rows], saliency=output.saliency[counted],
-                                             negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None)
+                                             negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None,
+                                             groups=groups, pair_rows=pair_rows)
         if self.benchmark[batch.dataset].cxl is not None:
             self.update_cxl(batch, output.saliency, units)
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
