@@ -14,6 +14,11 @@ A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`
   not native, "Model × explainer": per dataset, tables of Pointing Game, Dice@0.5 and Dice best with models
   in rows and explainers in columns, the spread across explainers against the spread across models, and
   grouped bars of each model's Pointing Game per explainer (``model_x_explainer`` in ``report.json``);
+- where a reader run (``--model reader``, ``is_reader``) covers a dataset, "Against a radiologist": the reader's values
+  and each model's as a share of them (% of reader), macro means and per finding (``against_reader``; ratios of point
+  estimates: intervals need paired replicates, which metrics.json does not hold);
+- where runs have ``by_group`` (``--model.groups``), "Fairness: subgroups": per dataset and group the images per
+  value, Pointing Game, Dice best and AUROC per value with intervals, and the gap with its interval and p (``fairness``);
 - the calibration plots and heatmap samples the runs saved.
 
 A run is labelled by its model, with its explainer in brackets where it is not native (``clip [gradcam]``).
@@ -340,6 +345,180 @@ def explainers_used(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     return ["run", "explainer", "target layer", "target", "library"], rows
 
 
+# -- against a radiologist (the reader ceiling) ----------------------------------------------------
+#: the keys of the "Against a radiologist" tables: each model's value as a share of the reader's
+READER_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "dice_best")
+READER_NOTE = ("Shares are ratios of point estimates (model ÷ reader × 100). Bootstrap intervals of a share need the "
+               "model's and the reader's replicate values on the same draws, which metrics.json does not hold "
+               "(it keeps only each run's own intervals): left for later.")
+
+
+def is_reader(run: Run) -> bool:
+    """A run of the reader ceiling (``--model reader``: ``metrics.json``'s ``model`` is ``reader``, or its class
+    path / config file names ``ReaderModel`` / ``reader.yaml``)."""
+    class_path = str(((run.metrics.get("config") or {}).get("model") or {}).get("class_path") or "")
+    return (run.model == "reader" or Path(run.model).name == "reader.yaml"
+            or any(s.endswith("reader.ReaderModel") for s in (run.model, class_path)))
+
+
+def share(value, reference) -> float | None:
+    """``value`` as a percentage of ``reference``; None where either is undefined or the reference is 0."""
+    if value is None or reference is None or reference == 0:
+        return None
+    return 100.0 * value / reference
+
+
+def against_reader(runs: list[Run]) -> dict:
+    """``report.json``'s ``against_reader``: per dataset with a reader run (the first such run where there are
+    several), the reader's own values (``mean``, ``classes`` per finding, ``READER_KEYS``) and per other run with
+    that dataset each value and its ``percent`` of the reader's (``share``); ``intervals`` is None (``READER_NOTE``)."""
+    out = {}
+    for dataset in _datasets(runs):
+        readers = [r for r in runs if is_reader(r) and dataset in r.metrics["datasets"]]
+        if not readers:
+            continue
+        reader = readers[0].metrics["datasets"][dataset]
+        findings = list(reader.get("classes", {}))
+        ref = {"mean": {k: reader.get("mean", {}).get(k) for k in READER_KEYS},
+               "classes": {f: {k: reader["classes"][f].get(k) for k in READER_KEYS} for f in findings}}
+        models = {}
+        for run in runs:
+            if is_reader(run) or dataset not in run.metrics["datasets"]:
+                continue
+            table = run.metrics["datasets"][dataset]
+
+            def cells(row: dict, reference: dict) -> dict:
+                return {k: {"value": row.get(k), "percent": share(row.get(k), reference[k])} for k in READER_KEYS}
+
+            models[run.name] = {"mean": cells(table.get("mean", {}), ref["mean"]),
+                                "classes": {f: cells(table.get("classes", {}).get(f, {}), ref["classes"][f]) for f in findings}}
+        out[dataset] = {"reader": readers[0].name, "other_readers": [r.name for r in readers[1:]], "keys": list(READER_KEYS),
+                        "reader_values": ref, "models": models, "intervals": None, "note": READER_NOTE}
+    return out
+
+
+def _percent(value) -> str:
+    return "–" if value is None else f"{value:.1f}%"
+
+
+def reader_mean_table(entry: dict) -> tuple[list[str], list[list[str]]]:
+    """Macro means: the reader's values, then per model its value and (its share of the reader's)."""
+    header = ["model", *(SHORT[k] for k in READER_KEYS)]
+    rows = [[f"{entry['reader']} (reader)", *(_cell(entry["reader_values"]["mean"][k]) for k in READER_KEYS)]]
+    for name, cells in entry["models"].items():
+        rows.append([name, *(f"{_cell(cells['mean'][k]['value'])} ({_percent(cells['mean'][k]['percent'])})" for k in READER_KEYS)])
+    return header, rows
+
+
+def reader_finding_table(entry: dict, key: str) -> tuple[list[str], list[list[str]]]:
+    """One key per finding: the reader's value, then each model's share of it (% of reader)."""
+    header = ["finding", f"{entry['reader']} (reader)", *(f"{name} % of reader" for name in entry["models"])]
+    rows = [[f, _cell(values[key]), *(_percent(cells["classes"][f][key]["percent"]) for cells in entry["models"].values())]
+            for f, values in entry["reader_values"]["classes"].items()]
+    return header, rows
+
+
+def reader_section(table: dict) -> tuple[list[str], list[str]]:
+    """The "Against a radiologist" section (markdown lines, HTML parts)."""
+    title = "Against a radiologist: % of reader"
+    intro = ("Where a reader run (`--model reader`: another radiologist's annotations scored as a model) covers a dataset, "
+             "each model's value beside its share of the reader's (% of reader), as macro means and per finding. " + READER_NOTE)
+    md, doc = ["", f"## {title}", "", intro], [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(intro.replace('`', ''))}</p>"]
+    for dataset, entry in table.items():
+        heading = f"{dataset} (reader: {entry['reader']})"
+        md += ["", f"### {heading}"]
+        doc.append(f"<h3>{html.escape(heading)}</h3>")
+        if entry["other_readers"]:
+            note = f"Other reader runs, not used as the reference here: {', '.join(entry['other_readers'])}."
+            md += ["", note]
+            doc.append(f"<p>{html.escape(note)}</p>")
+        parts = [(f"{dataset}: macro means, value (% of reader)", reader_mean_table(entry))]
+        parts += [(f"{dataset}: {SHORT[k]} per finding, % of reader", reader_finding_table(entry, k)) for k in READER_KEYS]
+        for subtitle, (header, rows) in parts:
+            md += ["", f"#### {subtitle}"]
+            doc.append(f"<h4>{html.escape(subtitle)}</h4>")
+            for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
+                md += ["", _md_table(h, r)]
+                doc.append(_html_table(h, r))
+    return md, doc
+
+
+# -- fairness (subgroups) --------------------------------------------------------------------------
+#: the keys of the fairness tables, per group value
+FAIRNESS_KEYS = ("pointing_game", "dice_best", "auroc")
+
+
+def fairness(runs: list[Run]) -> dict:
+    """``report.json``'s ``fairness``: per dataset and group (``metrics.json``'s ``by_group``, ``--model.groups``) the
+    group's ``values`` (known ones, in the runs' order) and per run with that group: ``n_images`` per value
+    (``unknown`` included), per known value and key of ``FAIRNESS_KEYS`` its macro ``mean`` and ``ci`` (None where
+    not run with a bootstrap), and per key the ``gap`` (``gap``, ``high``, ``low``, ``ci``, ``p``; None where undefined)."""
+    out: dict = {}
+    for dataset in _datasets(runs):
+        for run in runs:
+            for group, entry in (run.metrics["datasets"].get(dataset, {}).get("by_group") or {}).items():
+                values = [v for v in entry.get("n_images", {}) if v != "unknown"]
+                place = out.setdefault(dataset, {}).setdefault(group, {"values": [], "runs": {}})
+                place["values"] += [v for v in values if v not in place["values"]]
+                rows = {}
+                for value in values:
+                    row = entry.get(value) or {}
+                    ci = (row.get("ci") or {}).get("mean") or {}
+                    rows[value] = {k: {"mean": (row.get("mean") or {}).get(k) if row.get("n_images") else None, "ci": ci.get(k)}
+                                   for k in FAIRNESS_KEYS}
+                place["runs"][run.name] = {"n_images": dict(entry.get("n_images", {})), "values": rows,
+                                           "gap": {k: (entry.get("gap") or {}).get(k) for k in FAIRNESS_KEYS}}
+    return out
+
+
+def _with_ci(value, ci) -> str:
+    return _cell(value) + (f" [{_cell(ci[0])}, {_cell(ci[1])}]" if ci and value is not None else "")
+
+
+def fairness_count_table(entry: dict) -> tuple[list[str], list[list[str]]]:
+    values = [*entry["values"], "unknown"]
+    return ["run", *(f"n {v}" for v in values)], [[name, *(str(r["n_images"].get(v, "–")) for v in values)] for name, r in entry["runs"].items()]
+
+
+def fairness_table(entry: dict, key: str) -> tuple[list[str], list[list[str]]]:
+    """One key: a row per run, its value [95% CI] per group value, then the gap (high − low) [CI] and its p."""
+    header = ["run", *entry["values"], "gap (high − low)", "gap 95% CI", "p"]
+    rows = []
+    for name, r in entry["runs"].items():
+        cells = [_with_ci(r["values"].get(v, {}).get(key, {}).get("mean"), r["values"].get(v, {}).get(key, {}).get("ci")) for v in entry["values"]]
+        gap = r["gap"][key]
+        if gap is None:
+            cells += ["–", "–", "–"]
+        else:
+            ci = gap.get("ci")
+            cells += [f"{_cell(gap['gap'])} ({gap['high']} − {gap['low']})", f"[{_cell(ci[0])}, {_cell(ci[1])}]" if ci else "–", _cell(gap.get("p"))]
+        rows.append([name, *cells])
+    return header, rows
+
+
+def fairness_section(table: dict) -> tuple[list[str], list[str]]:
+    """The "Fairness: subgroups" section (markdown lines, HTML parts)."""
+    title = "Fairness: subgroups"
+    intro = ("Per dataset and group (`--model.groups`), each run's macro means on each group value's images alone with their "
+             "95% bootstrap intervals (on the dataset's draws), the images per value (unknown: no metadata, left out of the "
+             "values' tables), and the gap between the best and the worst value with its paired-bootstrap interval and "
+             "two-sided p-value (docs/metrics.md, Subgroups). \"–\": undefined, no images, or no bootstrap.")
+    md, doc = ["", f"## {title}", "", intro], [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(intro.replace('`', ''))}</p>"]
+    for dataset, groups in table.items():
+        for group, entry in groups.items():
+            md += ["", f"### {dataset}: {group}"]
+            doc.append(f"<h3>{html.escape(dataset)}: {html.escape(group)}</h3>")
+            parts = [(f"{dataset}, {group}: images per value", fairness_count_table(entry))]
+            parts += [(f"{dataset}, {group}: {SHORT[k]}", fairness_table(entry, k)) for k in FAIRNESS_KEYS]
+            for subtitle, (header, rows) in parts:
+                md += ["", f"#### {subtitle}"]
+                doc.append(f"<h4>{html.escape(subtitle)}</h4>")
+                for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
+                    md += ["", _md_table(h, r)]
+                    doc.append(_html_table(h, r))
+    return md, doc
+
+
 # -- figures ---------------------------------------------------------------------------------------
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
@@ -579,6 +758,16 @@ def build(runs: list[Run], out: Path) -> dict:
         section_md, section_html = explainer_section(runs, grid, figures)
         md += section_md
         doc += section_html
+    reader_table = against_reader(runs)
+    if reader_table:
+        section_md, section_html = reader_section(reader_table)
+        md += section_md
+        doc += section_html
+    fairness_table_ = fairness(runs)
+    if fairness_table_:
+        section_md, section_html = fairness_section(fairness_table_)
+        md += section_md
+        doc += section_html
     r2 = r2_text(fit["r2"])
     fig_text = [("auroc_vs_pointing_game.png", f"AUROC against Pointing Game per (model, dataset, finding): "
                  f"{fit['points']} points, R² = {r2} (Fig. 3)"),
@@ -592,7 +781,9 @@ def build(runs: list[Run], out: Path) -> dict:
     (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model,
                                                            "explainer": r.explainer} for r in runs],
                                                  "auroc_vs_pointing_game": stats,
-                                                 **({"model_x_explainer": grid} if grid is not None else {})}, indent=1) + "\n")
+                                                 **({"model_x_explainer": grid} if grid is not None else {}),
+                                                 **({"against_reader": reader_table} if reader_table else {}),
+                                                 **({"fairness": fairness_table_} if fairness_table_ else {})}, indent=1) + "\n")
     h, r = correlation_table(stats)
     title = "AUROC against Pointing Game per finding: Pearson r (undefined: a constant side)"
     md += [f"### {title}", "", _md_table(h, r), ""]
