@@ -11,9 +11,10 @@ from pydicom.uid import ExplicitVRLittleEndian, RLELossless, SecondaryCaptureIma
 
 def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2", bits_stored: int | None = None,
                 rescale: tuple[float, float] | None = None, window: tuple[float, float] | None = None,
-                rle: bool = False) -> Path:
+                rle: bool = False, header: dict | None = None) -> Path:
     """Single-frame grey DICOM of ``pixels`` (uint8 or uint16); ``rescale = (slope, intercept)``,
-    ``window = (center, width)``; ``rle`` compresses with RLE Lossless."""
+    ``window = (center, width)``; ``rle`` compresses with RLE Lossless; ``header``: more elements by keyword
+    (``{"PatientSex": "F", "PatientAge": "058Y", "ViewPosition": "AP"}``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
@@ -31,6 +32,8 @@ def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2"
         ds.RescaleSlope, ds.RescaleIntercept = rescale
     if window is not None:
         ds.WindowCenter, ds.WindowWidth = window
+    for keyword, value in (header or {}).items():
+        setattr(ds, keyword, value)
     ds.PixelData = np.ascontiguousarray(pixels).tobytes()
     if rle:
         ds.compress(RLELossless)

@@ -164,3 +164,134 @@ def test_group_gap_interval_and_p_value_match_a_direct_paired_loop():
     assert gap["p"] == pytest.approx(min(1.0, 2 * min((diff <= 0).mean(), (diff >= 0).mean())), abs=1e-12)
     ci = out["by_group"]["sex"]["F"]["ci"]
     assert ci["resamples"] == 200 and set(ci["mean"]) == set(out["ci"]["mean"])  # the rows' intervals, per group
+
+
+# -- subgroups from the datasets' own metadata: DICOM headers, the CheXpert csv ----------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")  # bare "62", as the real SIIM/RSNA files write it
+def test_dicom_header_fields_give_the_groups_and_missing_tags_are_unknown(tmp_path):
+    from synthetic_dicom import grey, write_dicom
+
+    from xbench_pl.data.dicom import read_dicom_header, read_dicom_size
+    from xbench_pl.data.errors import DataError
+
+    cases = {"full": ({"PatientSex": "F", "PatientAge": "058Y", "ViewPosition": "AP"}, {"sex": "F", "age": "40-59", "view": "AP"}),
+             "plain": ({"PatientSex": "M", "PatientAge": "62", "ViewPosition": "PA"}, {"sex": "M", "age": "60-79", "view": "PA"}),
+             "none": ({}, {"sex": "unknown", "age": "unknown", "view": "unknown"}),
+             "empty": ({"PatientSex": "", "PatientAge": "", "ViewPosition": ""}, {"sex": "unknown", "age": "unknown", "view": "unknown"}),
+             "other": ({"PatientSex": "O", "PatientAge": "080Y", "ViewPosition": "LL"}, {"sex": "unknown", "age": "80+", "view": "unknown"})}
+    for name, (header, expected) in cases.items():
+        path = write_dicom(tmp_path / f"{name}.dcm", grey(12, 16), header=header)
+        assert read_dicom_header(path) == ((12, 16), expected), name
+        assert read_dicom_header(path, groups=False) == ((12, 16), None) and read_dicom_size(path) == (12, 16)
+    (tmp_path / "bad.dcm").write_bytes(b"not a dicom")
+    with pytest.raises(DataError, match="bad.dcm"):
+        read_dicom_header(tmp_path / "bad.dcm")
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")  # bare "62", as the real SIIM/RSNA files write it
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_rsna_siim_vindr_records_carry_their_dicom_groups(tmp_path, on_error):
+    """The synthetic RSNA/SIIM/VinDr folders with headers written in: the records' groups after setup (header read in
+    the image check; with ``skip`` after the full decode); a file without the tags is all unknown."""
+    from synthetic_dicom import grey, make_rsna, make_siim, make_vindr, write_dicom
+
+    from xbench_pl import create_datamodule
+    from xbench_pl.geometry import Preprocess
+
+    make_rsna(tmp_path / "rsna")
+    write_dicom(tmp_path / "rsna" / "stage_2_train_images" / "pos.dcm", grey(96, 128), header={"PatientSex": "F", "PatientAge": "039Y", "ViewPosition": "AP"})
+    make_siim(tmp_path / "siim")
+    siim_file = next((tmp_path / "siim").rglob("1.2.4.2.dcm"))
+    write_dicom(siim_file, grey(48, 64), header={"PatientSex": "M", "PatientAge": "81", "ViewPosition": "PA"})
+    make_vindr(tmp_path / "vindr")
+    write_dicom(tmp_path / "vindr" / "test" / "bbb.dicom", grey(80, 120, dtype=np.uint16), "MONOCHROME1", bits_stored=12,
+                window=(2048, 4096), header={"PatientSex": "F", "PatientAge": "", "ViewPosition": "PA"})
+    unknown = {"sex": "unknown", "age": "unknown", "view": "unknown"}
+    expected = {"rsna_pneumonia": {"pos": {"sex": "F", "age": "<40", "view": "AP"}, "neg": unknown},
+                "siim_pneumothorax": {"1.2.4.2": {"sex": "M", "age": "80+", "view": "PA"}, "1.2.4.1": unknown},
+                "vindr_cxr": {"bbb": {"sex": "F", "age": "unknown", "view": "PA"}, "aaa": unknown}}
+    for name, folder in (("rsna_pneumonia", "rsna"), ("siim_pneumothorax", "siim"), ("vindr_cxr", "vindr")):
+        dm = create_datamodule(name, root=str(tmp_path / folder), preprocess=Preprocess(size=32), eval_size=64, on_error=on_error)
+        dm.setup("test")
+        assert {r.image_id: r.groups for r in dm.test_set.records} == expected[name], name
+        batch = next(iter(dm.test_dataloader()))
+        assert batch.groups == [expected[name][i] for i in batch.image_ids]
+
+
+def test_dicom_groups_cost_one_header_read_per_image_on_the_demo(tmp_path, monkeypatch):
+    """demo_dicom (headers: sex alternating M/F, ages 40.., PA): the groups, read once per image in setup."""
+    import xbench_pl.data.io as io
+
+    from xbench_pl import create_datamodule
+    from xbench_pl.geometry import Preprocess
+
+    calls = Counter()
+    original = io.read_dicom_header
+    monkeypatch.setattr(io, "read_dicom_header", lambda path, *a, **k: (calls.update([str(path)]), original(path, *a, **k))[1])
+    dm = create_datamodule("demo_dicom", root=str(tmp_path / "demo"), preprocess=Preprocess(size=32), eval_size=64)
+    dm.setup("test")
+    records = dm.test_set.records
+    assert len(records) == 6 and sorted(calls.values()) == [1] * 6
+    assert [r.groups["sex"] for r in records] == ["M", "F"] * 3 and all(r.groups["view"] == "PA" for r in records)
+    assert [r.groups["age"] for r in records] == ["40-59"] * 6  # ages 40..45
+
+
+def test_real_siim_dicoms_groups_equal_a_direct_pydicom_read(real_cxr, tmp_path):
+    from pydicom import dcmread
+
+    from xbench_pl import create_datamodule
+    from xbench_pl.geometry import Preprocess
+
+    files = sorted((real_cxr / "siim").glob("*.dcm"))
+    rows = ["ImageId, EncodedPixels"]
+    for i, path in enumerate(files):
+        folder = tmp_path / "dicom-images-train" / f"study{i}" / f"series{i}"
+        folder.mkdir(parents=True)
+        (folder / path.name).symlink_to(path)
+        rows.append(f"{path.stem},-1")
+    (tmp_path / "train-rle.csv").write_text("\n".join(rows) + "\n")
+    dm = create_datamodule("siim_pneumothorax", root=str(tmp_path), preprocess=Preprocess(size=32), eval_size=64)
+    dm.setup("test")
+    records = {r.image_id: r for r in dm.test_set.records}
+    assert len(records) == len(files) >= 1
+    for path in files:
+        header = dcmread(path, stop_before_pixels=True)
+        direct = metadata_groups(header.get("PatientSex") or None, header.get("PatientAge") or None, header.get("ViewPosition") or None)
+        assert records[path.stem].groups == direct
+    assert records[files[-1].stem].groups == {"sex": "M", "age": "60-79", "view": "PA"}  # 'M', '62', 'PA'
+
+
+def test_real_chexlocalize_groups_equal_a_direct_join_of_the_csv(real_cxr):
+    from xbench_pl.data.chexlocalize import CheXlocalizeDataModule, cxr_id
+
+    root = real_cxr / "chexlocalize"
+    records = {r.image_id: r for r in CheXlocalizeDataModule(root=str(root), split="val").load_records()}
+    table = pd.read_csv(root / "valid.csv")
+    table["image_id"] = table["Path"].map(cxr_id)
+    assert set(table["image_id"]) == set(records)
+    bands = pd.cut(table["Age"], [-1, 39, 59, 79, 1000], labels=list(GROUPS["age"])).astype(str)
+    for row, band in zip(table.itertuples(index=False), bands):
+        expected = {"sex": {"Male": "M", "Female": "F"}.get(row.Sex, "unknown"), "age": band,
+                    "view": row[table.columns.get_loc("AP/PA")] if row[table.columns.get_loc("AP/PA")] in ("AP", "PA") else "unknown"}
+        assert records[row.image_id].groups == expected
+    assert [records[i].groups["view"] for i in sorted(records)] == ["AP", "PA"]  # Male 73 AP, Male 70 PA
+
+
+def test_chexlocalize_csv_without_or_with_empty_group_cells_is_unknown(tmp_path):
+    """A lateral image (empty AP/PA), an Unknown sex and a csv without the columns."""
+    from xbench_pl.data.chexlocalize import CheXlocalizeDataModule
+
+    tasks = ("Enlarged Cardiomediastinum,Cardiomegaly,Lung Opacity,Lung Lesion,Edema,Consolidation,Atelectasis,Pneumothorax,"
+             "Pleural Effusion,Support Devices")
+    zeros = ",".join("0" for _ in tasks.split(","))
+    for header, cells, expected in (("Path,Sex,Age,AP/PA,", "Unknown,45,,", {"sex": "unknown", "age": "40-59", "view": "unknown"}),
+                                    ("Path,Sex,Age,AP/PA,", "Female,,PA,", {"sex": "F", "age": "unknown", "view": "PA"}),
+                                    ("Path,", "", {"sex": "unknown", "age": "unknown", "view": "unknown"})):
+        folder = tmp_path / str(len(cells))
+        folder.mkdir()
+        (folder / "valid.csv").write_text(f"{header}{tasks}\nCheXpert-v1.0/valid/patient1/study1/view1_frontal.jpg,{cells}{zeros}\n")
+        (folder / "gt_segmentations_val.json").write_text("{}")
+        (record,) = CheXlocalizeDataModule(root=str(folder), split="val").load_records()
+        assert record.groups == expected

@@ -21,7 +21,7 @@ from xbench_pl.data import splits
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
 from xbench_pl.data.errors import DataError, Problem
-from xbench_pl.data.io import read_image_size
+from xbench_pl.data.io import read_image_header
 from xbench_pl.data.regions import Box, Polygon, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
 
@@ -226,6 +226,9 @@ class XBenchDataModule(L.LightningDataModule):
     #: images, when it is found under ``root``, fit leaves out
     fit_official_split: str | None = None
     fit_test_list: str | None = None
+    #: whether setup's image check fills ``Record.groups`` from each DICOM's header (PatientSex, PatientAge,
+    #: ViewPosition), in the header read that finds its size (``xbench_pl.data.groups``)
+    dicom_groups: bool = False
 
     def __init__(
         self,
@@ -371,15 +374,17 @@ class XBenchDataModule(L.LightningDataModule):
         """Find each image's size (decoding it fully in skip mode or when caching); drop the
         unreadable ones, and fit every region to its image."""
         decode = self.on_error == "skip" or self.images.cache_dir is not None
-        probe = DataLoader(_ImageProbe(records, self.images, decode), batch_size=None, num_workers=self.num_workers,
-                           collate_fn=_identity)
+        probe = DataLoader(_ImageProbe(records, self.images, decode, self.dicom_groups), batch_size=None,
+                           num_workers=self.num_workers, collate_fn=_identity)
         kept = []
-        for index, size in probe:
+        for index, size, groups in probe:
             record = records[index]
             if isinstance(size, Problem):
                 # the image's own file, at the row of the annotation table that lists it
                 self.report(DataError(size.file, f"{size.reason} (image of {record.source})", row=source_file_row(record.source)[1]))
                 continue
+            if groups is not None:
+                record.groups = groups
             self.fit_regions(record, *size)
             kept.append(record)
         return kept
@@ -506,20 +511,28 @@ class EvalDistributedSampler(DistributedSampler):
 
 
 class _ImageProbe(Dataset):
-    """Setup's image check: ``(index, (H, W))``, or ``(index, Problem)`` for an unreadable image."""
+    """Setup's image check: ``(index, (H, W), groups)``, or ``(index, Problem, None)`` for an unreadable image;
+    ``groups`` (``dicom_groups``: a DICOM's header subgroups, else None) come from the header read that gives
+    the size, or from one header read after a full decode."""
 
-    def __init__(self, records: list[Record], images: ImageStore, decode: bool):
+    def __init__(self, records: list[Record], images: ImageStore, decode: bool, dicom_groups: bool = False):
         self.paths, self.images, self.decode = [r.path for r in records], images, decode
+        self.dicom_groups = dicom_groups
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> tuple[int, tuple[int, int] | Problem]:
+    def __getitem__(self, index: int) -> tuple[int, tuple[int, int] | Problem, dict[str, str] | None]:
+        path = self.paths[index]
         try:
-            size = self.images.load(self.paths[index])[1] if self.decode else read_image_size(self.paths[index])
+            if self.decode:
+                size = self.images.load(path)[1]
+                groups = read_image_header(path, True)[1] if self.dicom_groups else None
+            else:
+                size, groups = read_image_header(path, self.dicom_groups)
         except DataError as error:
-            return index, error.problem
-        return index, tuple(size)
+            return index, error.problem, None
+        return index, tuple(size), groups
 
 
 def source_file_row(source: str) -> tuple[str, str | None]:

@@ -42,6 +42,7 @@ from typing import Literal, get_args
 from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.errors import DataError
+from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
@@ -49,6 +50,8 @@ from xbench_pl.data.vocabulary import canonical, dataset_classes
 Split = Literal["test", "val"]
 SPLITS = get_args(Split)
 LABEL_FILES = {"test": ("test_labels.csv",), "val": ("val_labels.csv", "valid.csv")}
+#: optional CSV columns of the record's subgroups (``xbench_pl.data.groups``): sex, age, view (empty for laterals)
+GROUP_COLUMNS = ("Sex", "Age", "AP/PA")
 RegionSource = Literal["segmentations", "annotations"]
 REGION_FILES = {"segmentations": "gt_segmentations_{split}.json", "annotations": "gt_annotations_{split}.json"}
 
@@ -142,7 +145,8 @@ class CheXlocalizeDataModule(XBenchDataModule):
                 self.report(DataError(path, f"{image_id} is also at {records[image_id].source} with other labels", row=row["row"]))
                 continue
             records[image_id] = Record(image_id, images.get(image_id), labels, {}, f"{path}, row {row['row']}",
-                                       patient_id=cxr_patient(row["Path"]))
+                                       patient_id=cxr_patient(row["Path"]),
+                                       groups=metadata_groups(*(row.get(column) or None for column in GROUP_COLUMNS)))
         return records
 
     @staticmethod

@@ -31,6 +31,7 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
 from xbench_pl.data.errors import DataError
+from xbench_pl.data.groups import metadata_groups
 
 GREY = ("MONOCHROME1", "MONOCHROME2")
 
@@ -66,9 +67,25 @@ def read_dicom(path: str | Path) -> np.ndarray:
 
 def read_dicom_size(path: str | Path) -> tuple[int, int]:
     """``(Rows, Columns)`` from the header only; ``DataError`` naming the file if unreadable."""
+    return read_dicom_header(path, groups=False)[0]
+
+
+#: the header tags of a record's subgroups (``xbench_pl.data.groups``): sex, age (``nnnY``), view
+GROUP_TAGS = ("PatientSex", "PatientAge", "ViewPosition")
+
+
+def read_dicom_header(path: str | Path, groups: bool = True) -> tuple[tuple[int, int], dict[str, str] | None]:
+    """``((Rows, Columns), groups)`` from one header read (no pixel data): ``groups`` is the image's
+    ``metadata_groups`` from PatientSex, PatientAge and ViewPosition (a missing or empty tag is
+    ``unknown``), None when not asked for; ``DataError`` naming the file if unreadable."""
     path = Path(path)
+    tags = ["Rows", "Columns", *(GROUP_TAGS if groups else ())]
     try:
-        dataset = dcmread(path, stop_before_pixels=True, specific_tags=["Rows", "Columns"])
-        return int(dataset.Rows), int(dataset.Columns)
-    except (InvalidDicomError, OSError, EOFError, ValueError, AttributeError) as error:
+        dataset = dcmread(path, stop_before_pixels=True, specific_tags=tags)
+        size = int(dataset.Rows), int(dataset.Columns)
+        if not groups:
+            return size, None
+        cells = [dataset.get(tag) for tag in GROUP_TAGS]  # the value, None where the tag is absent
+        return size, metadata_groups(*(None if value in (None, "") else value for value in cells))
+    except (InvalidDicomError, OSError, EOFError, ValueError, AttributeError, TypeError) as error:
         raise DataError(path, f"not a readable DICOM file ({error})") from error

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
-from xbench_pl.data.dicom import read_dicom, read_dicom_size
+from xbench_pl.data.dicom import read_dicom, read_dicom_header, read_dicom_size
 from xbench_pl.data.errors import DataError
 
 
@@ -40,6 +40,16 @@ def read_image(path: str | Path) -> np.ndarray:
 def read_image_size(path: str | Path) -> tuple[int, int]:
     """``(H, W)`` from the file header alone (no pixel decoding); ``DataError`` naming the file."""
     return _read(path, header_only=True)
+
+
+def read_image_header(path: str | Path, dicom_groups: bool = False) -> tuple[tuple[int, int], dict[str, str] | None]:
+    """``((H, W), groups)`` from the file header alone: ``groups`` are a DICOM's PatientSex, PatientAge and
+    ViewPosition as ``metadata_groups`` when ``dicom_groups`` (the same single header read as the size),
+    else None; ``DataError`` naming the file."""
+    path = Path(path)
+    if dicom_groups and path.is_file() and is_dicom(path):
+        return read_dicom_header(path)
+    return read_image_size(path), None
 
 
 def _read(path: str | Path, header_only: bool):

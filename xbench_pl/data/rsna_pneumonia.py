@@ -82,6 +82,7 @@ def parse_target(patient_id: str, target: str, coordinates: tuple[str, ...]) -> 
 class RSNAPneumoniaDataModule(XBenchDataModule):
     name = "rsna_pneumonia"
     default_classes = (PNEUMONIA,)
+    dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
 
     def load_records(self) -> list[Record]:
         self.checked_root(f"{LABEL_TABLE} and {IMAGE_DIR}/")

@@ -114,6 +114,7 @@ def parse_siim_rle(table_path: str | Path, image_path: Callable[[str], Path], re
 class SIIMPneumothoraxDataModule(XBenchDataModule):
     name = "siim_pneumothorax"
     default_classes = (PNEUMOTHORAX,)
+    dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
 
     def load_records(self) -> list[Record]:
         self.checked_root(f"{RLE_TABLE} and the DICOM images")

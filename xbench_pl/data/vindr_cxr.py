@@ -229,6 +229,7 @@ class VinDrCXRDataModule(XBenchDataModule):
 
     name = "vindr_cxr"
     default_classes = VINDR_CLASSES
+    dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
     available_classes = LOCAL_LABELS
 
     def __init__(self, root: str | None = None, split: Split = "test", readers: Readers = "united", **kwargs):
