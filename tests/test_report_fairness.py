@@ -3,10 +3,10 @@ cells equal the inputs, shares are model ÷ reader × 100, ``against_reader`` an
 both sections absent without a reader run or ``by_group``."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
+from test_report_explainers import _tables
 from test_report_html import FINDINGS, write_run
 
 from xbench_pl.commands import main as cli_main
@@ -35,15 +35,6 @@ def add_groups(metrics: dict, shift: float) -> None:
            for k in ("pointing_game", "dice_best", "auroc")}
     gap["auroc"] = None
     metrics["datasets"]["demo"]["by_group"] = {"sex": {**SEX, "F": f, "M": m, "gap": gap}}
-
-
-def _tables(text: str, title: str) -> list[list[list[str]]]:
-    section = text.split(f"#### {title}\n", 1)[1].split("\n#", 1)[0]
-    tables = []
-    for block in re.findall(r"(?:^\|.*\|\n?)+", section, flags=re.M):
-        lines = [line for line in block.strip().splitlines() if not line.startswith("|---")]
-        tables.append([[c.strip() for c in line.strip("|").split("|")] for line in lines])
-    return tables
 
 
 @pytest.fixture(scope="module")

@@ -434,13 +434,18 @@ def reader_section(table: dict) -> tuple[list[str], list[str]]:
             doc.append(f"<p>{html.escape(note)}</p>")
         parts = [(f"{dataset}: macro means, value (% of reader)", reader_mean_table(entry))]
         parts += [(f"{dataset}: {SHORT[k]} per finding, % of reader", reader_finding_table(entry, k)) for k in READER_KEYS]
-        for subtitle, (header, rows) in parts:
-            md += ["", f"#### {subtitle}"]
-            doc.append(f"<h4>{html.escape(subtitle)}</h4>")
-            for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
-                md += ["", _md_table(h, r)]
-                doc.append(_html_table(h, r))
+        add_tables(md, doc, parts)
     return md, doc
+
+
+def add_tables(md: list[str], doc: list[str], parts: list[tuple[str, tuple[list, list]]]) -> None:
+    """Each ``(subtitle, (header, rows))`` as a level-4 heading and its table, split at ``COLUMNS_PER_TABLE``."""
+    for subtitle, (header, rows) in parts:
+        md += ["", f"#### {subtitle}"]
+        doc.append(f"<h4>{html.escape(subtitle)}</h4>")
+        for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
+            md += ["", _md_table(h, r)]
+            doc.append(_html_table(h, r))
 
 
 # -- fairness (subgroups) --------------------------------------------------------------------------
@@ -510,12 +515,7 @@ def fairness_section(table: dict) -> tuple[list[str], list[str]]:
             doc.append(f"<h3>{html.escape(dataset)}: {html.escape(group)}</h3>")
             parts = [(f"{dataset}, {group}: images per value", fairness_count_table(entry))]
             parts += [(f"{dataset}, {group}: {SHORT[k]}", fairness_table(entry, k)) for k in FAIRNESS_KEYS]
-            for subtitle, (header, rows) in parts:
-                md += ["", f"#### {subtitle}"]
-                doc.append(f"<h4>{html.escape(subtitle)}</h4>")
-                for h, r in split_columns(header, rows, COLUMNS_PER_TABLE):
-                    md += ["", _md_table(h, r)]
-                    doc.append(_html_table(h, r))
+            add_tables(md, doc, parts)
     return md, doc
 
 
