@@ -13,7 +13,7 @@ maps also run through ``test_step``'s shape and NaN check, so a model that canno
 prints the RSS after each 10 % of them: it must stay flat (no graph or activation kept across batches).
 
 Run: ``python benchmarks/bench_explainers.py [--models clip biomedclip medklip mavl kad_224 devide carzero]
-[--explainers gradcam hirescam ...] [--batch 4] [--repeats 2] [--leak 1000]``. Text encoders and
+[--explainers gradcam hirescam ...] [--batch 4] [--repeats 2] [--leak 1000] [--device cuda]``. Text encoders and
 tokenizers are the test suite's stand-ins in the released layouts (none is available here); the text side
 is cached either way, so they do not enter the ratios.
 """
@@ -55,8 +55,8 @@ def trimmed_rss() -> int:
     return rss()
 
 
-def peak_rss(fn) -> tuple[float, int]:
-    """``(seconds, peak RSS above the start in bytes)`` of ``fn()``, RSS sampled every millisecond."""
+def peak_rss(fn) -> int:
+    """Peak RSS above the start of ``fn()`` in bytes, sampled every millisecond."""
     start, peak, done = trimmed_rss(), [0], threading.Event()
 
     def sample():
@@ -66,14 +66,12 @@ def peak_rss(fn) -> tuple[float, int]:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    began = time.perf_counter()
     try:
         fn()
     finally:
-        spent = time.perf_counter() - began
         done.set()
         thread.join()
-    return spent, max(peak[0], rss()) - start
+    return max(peak[0], rss()) - start
 
 
 def biomedclip_tokenizer(folder: Path) -> str:
@@ -108,11 +106,36 @@ def applicable(model) -> list[str]:
     return out
 
 
-def measure(name: str, options: dict, explainers: list[str] | None, batch: int, repeats: int) -> list[dict]:
+def on_device(fn, device: torch.device):
+    """``fn`` that waits for the device's queued work, so that its time is the work's (CUDA runs asynchronously)."""
+    if device.type != "cuda":
+        return fn
+
+    def synchronized():
+        fn()
+        torch.cuda.synchronize(device)
+
+    return synchronized
+
+
+def peak_memory(fn, device: torch.device) -> int:
+    """Peak bytes above the start of ``fn()``: resident memory on CPU, the CUDA allocator's peak on a GPU."""
+    if device.type != "cuda":
+        return peak_rss(fn)
+    torch.cuda.synchronize(device)
+    start = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start
+
+
+def measure(name: str, options: dict, explainers: list[str] | None, batch: int, repeats: int,
+            device: torch.device = torch.device("cpu")) -> list[dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = xbench_pl.create_model(name, random_init=True, **options).eval()
-    images = demo_images(model, batch)
+        model = xbench_pl.create_model(name, random_init=True, **options).eval().to(device)
+    images = demo_images(model, batch).to(device)
     rows = []
     with torch.inference_mode():
         model.zero_shot(images, CXR14)  # the text side cached, as in a run
@@ -121,11 +144,12 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
             continue
         model.explainer = explainer
         model.attach_explainer()
-        run_native = lambda: model.zero_shot(images, CXR14)  # noqa: E731
-        run_explained = lambda: check(model.explained(images, CXR14), batch)  # noqa: E731
+        run_native = on_device(lambda: model.zero_shot(images, CXR14), device)
+        run_explained = on_device(lambda: check(model.explained(images, CXR14), batch), device)
         with torch.inference_mode():
             t_native, t_explained = best_of_interleaved(repeats, run_native, run_explained)
-            m_native, m_explained = peak_rss(run_native)[1], peak_rss(run_explained)[1]  # apart: the sampler costs time
+            # apart from the times: the CPU's sampler costs time
+            m_native, m_explained = peak_memory(run_native, device), peak_memory(run_explained, device)
         rows.append({"model": name, "explainer": explainer, "layer": model.explainer_info["target_layer"],
                      "native_s_per_image": t_native / batch, "s_per_image": t_explained / batch,
                      "time_ratio": t_explained / t_native, "native_peak_mb": m_native / 2**20,
@@ -175,12 +199,15 @@ def main() -> None:
     parser.add_argument("--leak-model", default="clip", choices=MODELS)
     parser.add_argument("--leak-explainer", default="gradcam")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the leak check runs on the CPU)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {len(CXR14)} findings")
+    device = torch.device(args.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__}, {where}, batch {args.batch}, {len(CXR14)} findings")
     with tempfile.TemporaryDirectory() as tmp:
         options = model_options(Path(tmp))
-        rows = [row for name in args.models for row in measure(name, options[name], args.explainers, args.batch, args.repeats)]
+        rows = [row for name in args.models for row in measure(name, options[name], args.explainers, args.batch, args.repeats, device)]
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         if args.leak:
