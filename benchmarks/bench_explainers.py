@@ -37,7 +37,8 @@ import xbench_pl
 from xbench_pl.explainers import EXPLAINERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_query_models import CXR14, best_of_interleaved, carzero_tokenizer, medklip_family_files, write_tokenizer  # noqa: E402
+from bench_query_models import CXR14, best_of_interleaved  # noqa: E402
+from bench_scale import model_kwargs  # noqa: E402
 
 MODELS = ["clip", "biomedclip", "medklip", "mavl", "kad_224", "devide", "carzero"]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -85,11 +86,12 @@ def biomedclip_tokenizer(folder: Path) -> str:
     return str(folder)
 
 
-def model_options(folder: Path) -> dict[str, dict]:
-    kebert = write_tokenizer(folder / "med_kebert")
-    return {"clip": {}, "biomedclip": {"tokenizer": biomedclip_tokenizer(folder / "biomedbert")},
-            **medklip_family_files(folder), "kad_224": {"tokenizer": kebert}, "devide": {"tokenizer": kebert},
-            "carzero": {"tokenizer": carzero_tokenizer(folder / "carzero_bert")}}
+def model_options(names: list[str], folder: Path) -> dict[str, dict]:
+    """create_model kwargs: bench_scale's stand-ins, and a BiomedCLIP tokenizer where asked for."""
+    options = model_kwargs(names, folder)
+    if "biomedclip" in names:
+        options["biomedclip"] = {"tokenizer": biomedclip_tokenizer(folder / "biomedbert")}
+    return options
 
 
 def applicable(model) -> list[str]:
@@ -139,9 +141,8 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
     rows = []
     with torch.inference_mode():
         model.zero_shot(images, CXR14)  # the text side cached, as in a run
-    for explainer in explainers or applicable(model):
-        if explainer not in applicable(model):
-            continue
+    usable = applicable(model)
+    for explainer in [e for e in explainers or usable if e in usable]:
         model.explainer = explainer
         model.attach_explainer()
         run_native = on_device(lambda: model.zero_shot(images, CXR14), device)
@@ -156,7 +157,6 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
                      "peak_mb": m_explained / 2**20, "memory_ratio": m_explained / max(m_native, 1)})
         print(f"{name:>10} {explainer:>9}  {t_explained / batch:7.3f} s/image  x{t_explained / t_native:5.2f} time   "
               f"peak +{m_explained / 2**20:7.0f} MB (native +{m_native / 2**20:5.0f} MB)", flush=True)
-    model.explainer, model.explainer_method = "native", None
     return rows
 
 
@@ -206,7 +206,7 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}, batch {args.batch}, {len(CXR14)} findings")
     with tempfile.TemporaryDirectory() as tmp:
-        options = model_options(Path(tmp))
+        options = model_options(sorted({*args.models, args.leak_model}), Path(tmp))
         rows = [row for name in args.models for row in measure(name, options[name], args.explainers, args.batch, args.repeats, device)]
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))

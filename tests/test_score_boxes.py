@@ -158,6 +158,7 @@ def test_a_bad_row_is_one_line_naming_file_and_row(truth, tmp_path, capsys, cell
     ('{"image_id": "phantom_000.png", "finding": "Nodule", "x_min": 1, "y_min": 1, "x_max": 2\n', "not JSON"),
     ('{"image_id": "phantom_000.png", "finding": "Nodule", "x_min": 1, "y_min": 1, "x_max": 2}\n', "y_max missing"),
     ('[1, 2]\n', "not a JSON object"),
+    ('"hello there"\n', "not a JSON object"),
     ('{"image_id": "phantom_000.png", "finding": "Nodule", "x_min": true, "y_min": 1, "x_max": 2, "y_max": 3}\n', "x_min True is not"),
 ])
 def test_a_bad_json_line_is_named(truth, tmp_path, capsys, text, says):
@@ -208,3 +209,8 @@ def test_help_names_the_file_format(capsys):
     assert "image_id,finding,x_min,y_min,x_max,y_max[,confidence][,score]" in out and "\n  --boxes FILE  " in out
     assert main(["score", "--help"]) == 0
     assert "\n  --boxes FILE  " in capsys.readouterr().out
+
+
+def test_a_flag_without_its_value_is_named(capsys):
+    assert main(["score", "--data", "demo", "--boxes"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --boxes needs a value: score --boxes FILE --data NAME"

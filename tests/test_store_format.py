@@ -171,3 +171,14 @@ def test_upgrade_sets_a_damaged_shard_aside_and_can_be_repeated(tmp_path, capsys
     assert main(["store", "upgrade", str(tmp_path / "nothing")]) == 1
     assert "no prediction store" in capsys.readouterr().err
     assert main(["store", "convert", str(store)]) == 2
+
+
+def test_upgrade_that_cannot_write_is_one_error_line(tmp_path, capsys):
+    store = Store(tmp_path / "store")
+    store.write_manifest({"format": 1, "config": {}})
+    store.shards_dir.mkdir()
+    (store.shards_dir / "a.xbp").write_bytes(legacy_bytes(shard_of()))
+    (store.shards_dir / "a.safetensors").mkdir()  # the converted shard's name is taken by a folder: the write fails
+    assert main(["store", "upgrade", str(store)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {store}: cannot write a converted shard")

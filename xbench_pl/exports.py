@@ -44,10 +44,7 @@ FORMATS = ("npy", "cheXlocalize")
 def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
     """``{dataset: [(shard, rows), ...]}``: every stored image once (the first shard holding it, in name
     order, as ``score`` replays them); ``StoreError`` if a shard does not read back."""
-    good, bad = store.load()
-    if bad:
-        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}{'; ...' if len(bad) > 1 else ''}): "
-                         f"continue the run with test ... --predictions {store} --resume, which redoes their images")
+    good = store.load_intact()
     if not good:
         raise StoreError(f"{store} holds no shard: nothing to export")
     out: dict[str, list[tuple[dict, list[int]]]] = {}

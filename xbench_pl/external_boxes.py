@@ -75,15 +75,16 @@ def _csv_rows(path: Path) -> tuple[set[str], list[tuple[int, dict | str]]]:
 
 def _json_rows(path: Path) -> tuple[set[str], list[tuple[int, dict | str]]]:
     rows = []
-    with open(path) as handle:
+    with open(path, encoding="utf-8-sig") as handle:
         for line, text in enumerate(handle, 1):
             if not text.strip():
                 continue
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as error:
-                value = f"not JSON ({error.msg}; a box file holds one JSON object per line)"
-            rows.append((line, value if isinstance(value, (dict, str)) else f"not a JSON object ({text.strip()[:40]})"))
+                rows.append((line, f"not JSON ({error.msg}; a box file holds one JSON object per line)"))
+                continue
+            rows.append((line, value if isinstance(value, dict) else f"not a JSON object ({text.strip()[:40]})"))
     return {k for _, v in rows if isinstance(v, dict) for k, x in v.items() if x is not None}, rows
 
 

@@ -221,6 +221,15 @@ class Store:
         new = {p.stem for p in files if p.suffix == SHARD_SUFFIX}
         return sorted(p for p in files if p.suffix == SHARD_SUFFIX or (p.suffix == LEGACY_SUFFIX and p.stem not in new))
 
+    def load_intact(self) -> list[dict]:
+        """``load``'s shards; ``StoreError`` (naming ``--resume``, which redoes their images) if one does not read back."""
+        good, bad = self.load()
+        if bad:
+            raise StoreError(f"{len(bad)} shard(s) of {self} do not read back ({bad[0]}"
+                             f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {self} --resume, "
+                             "which redoes their images")
+        return good
+
     def load(self) -> tuple[list[dict], list[BadShard]]:
         """Every shard that reads back intact (in name order), and every one that does not, with why."""
         good, bad = [], []
@@ -420,11 +429,7 @@ def compute_tables(replayer: Replayer) -> dict[str, dict]:
 def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
     """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
     ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
-    good, bad = store.load()
-    if bad:
-        raise StoreError(f"{len(bad)} shard(s) of {store} do not read back ({bad[0]}"
-                         f"{'; ...' if len(bad) > 1 else ''}): continue the run with test ... --predictions {store} --resume, "
-                         "which redoes their images")
+    good = store.load_intact()
     replayer = metrics_replayer(datamodule, **metrics)
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)

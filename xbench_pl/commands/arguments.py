@@ -36,9 +36,10 @@ def command_help(usage: str, text: str, options: dict[str, str]) -> str:
 
 
 def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
-    """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it."""
+    """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it; None where the flag has no
+    value (absent, last, or followed by another option)."""
     for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             return argv[i + 1], argv[:i] + argv[i + 2 :]
         if arg.startswith(flag + "="):
             return arg.partition("=")[2], argv[:i] + argv[i + 1 :]

@@ -233,7 +233,7 @@ def split_columns(header: list[str], rows: list[list[str]], per_table: int, grou
 # -- model x explainer -----------------------------------------------------------------------------
 def has_explainers(runs: list[Run]) -> bool:
     """Whether the report gets its "Model × explainer" section: the runs' explainers differ, or one is not native."""
-    return len({run.explainer for run in runs}) > 1 or any(run.explainer != "native" for run in runs)
+    return any(run.explainer != "native" for run in runs)  # explainers that differ include a non-native one
 
 
 def _flatten(value, prefix: str = "") -> dict:
@@ -341,7 +341,7 @@ def explainers_used(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     for run in runs:
         info = run.metrics.get("explainer") or {"name": "native"}
         library = " ".join(str(info[k]) for k in ("library", "version") if info.get(k))
-        rows.append([run.name, info.get("name") or "native", info.get("target_layer") or "–", info.get("target") or "–", library or "–"])
+        rows.append([run.name, run.explainer, info.get("target_layer") or "–", info.get("target") or "–", library or "–"])
     return ["run", "explainer", "target layer", "target", "library"], rows
 
 
@@ -717,13 +717,10 @@ def explainer_section(runs: list[Run], grid: dict, figures: Path) -> tuple[list[
         md += ["", f"### {dataset}"]
         doc.append(f"<h3>{html.escape(dataset)}</h3>")
         for metric in EXPLAINER_KEYS:
-            md += ["", f"#### {dataset}: {SHORT[metric]} by model and explainer"]
-            doc.append(f"<h4>{html.escape(dataset)}: {html.escape(SHORT[metric])} by model and explainer</h4>")
-            for h, r in split_columns(*explainer_table(grid, dataset, metric), COLUMNS_PER_TABLE):
-                md += ["", _md_table(h, r)]
-                doc.append(_html_table(h, r))
-            md += ["", spread_text(grid, dataset, metric)]
-            doc.append(f"<p>{html.escape(spread_text(grid, dataset, metric))}</p>")
+            add_tables(md, doc, [(f"{dataset}: {SHORT[metric]} by model and explainer", explainer_table(grid, dataset, metric))])
+            spread = spread_text(grid, dataset, metric)
+            md += ["", spread]
+            doc.append(f"<p>{html.escape(spread)}</p>")
     figure_explainers(grid, figures / EXPLAINER_FIGURE)
     caption = "Pointing Game per model (a group of bars) and explainer (a bar), per dataset"
     md += ["", f"![{caption}](figures/{EXPLAINER_FIGURE})", "", f"*{caption}*"]

@@ -229,7 +229,10 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
     if any(a in ("-h", "--help") for a in rest):
         print(command_help(usage, text, options))
         return 0
-    if source is None or name is None:
+    if source is None:
+        print(f"error: {flag} needs a value: score {flag} {what} --data NAME", file=sys.stderr)
+        return 2
+    if name is None:
         print(f"error: score {flag} {what} needs --data NAME (the dataset they are of)", file=sys.stderr)
         return 2
     try:

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     except StoreError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except OSError as error:  # a read-only or full disk: the shards converted so far stay, the rest are as they were
+        print(f"error: {store}: cannot write a converted shard ({error}); run store upgrade again once it can",
+              file=sys.stderr)
+        return 1
     print(f"{store}: format {FORMAT}, {converted} shard(s) converted"
           + (f"; {len(bad)} unreadable shard(s) set aside in {store.root / 'corrupt'} (redo their images with "
              f"{PROG} test ... --predictions {store} --resume)" if bad else ""))

@@ -88,8 +88,3 @@ def metadata_groups(sex=None, age=None, view=None) -> dict[str, str]:
     """A record's ``groups`` from its raw sex, age and view cells (None: no such field)."""
     return {"sex": sex_group(sex), "age": age_group(age), "view": view_group(view)}
 
-
-def group_of(groups: dict[str, str] | None, name: str) -> str:
-    """The value of group ``name`` in a record's ``groups`` (``unknown`` where it has none)."""
-    value = (groups or {}).get(name, UNKNOWN)
-    return value if value in GROUPS[name] else UNKNOWN

@@ -200,11 +200,14 @@ class ZeroShotModel(L.LightningModule):
         output = self.zero_shot_with_grad(images, classes) if grad else self.zero_shot(images, classes)
         return output, output.logits if self.EXPLAINER_TARGET == "logits" else output.scores
 
+    def embedding_caches(self) -> list[EmbeddingCache]:
+        """Every ``EmbeddingCache`` the model holds (its cached text and query embeddings)."""
+        return [value for value in vars(self).values() if isinstance(value, EmbeddingCache)]
+
     def thaw_caches(self) -> None:
         """Make the cached embeddings made in inference mode readable by autograd (explainers), keeping them."""
-        for value in vars(self).values():
-            if isinstance(value, EmbeddingCache):
-                value.thaw()
+        for cache in self.embedding_caches():
+            cache.thaw()
 
     def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         """``zero_shot``, its maps replaced by the explainer's. Scores and logits are the native forward's: a CAM's own
@@ -365,9 +368,8 @@ class ZeroShotModel(L.LightningModule):
         """Drop the model's cached text and query embeddings (every ``EmbeddingCache`` it holds). While
         fitting the weights change every step, and a cache filled under validation's inference mode
         cannot take part in autograd."""
-        for value in vars(self).values():
-            if isinstance(value, EmbeddingCache):
-                value.clear()
+        for cache in self.embedding_caches():
+            cache.clear()
 
     def zero_shot_with_grad(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         """``zero_shot`` with autograd on: the families decorate it ``@torch.no_grad()`` for inference, and
