@@ -222,6 +222,11 @@ class ZeroShotModel(L.LightningModule):
             output = self.zero_shot(images, classes)
         return ZeroShotOutput(scores=output.scores, saliency=maps.to(output.scores.device), logits=output.logits)
 
+    def batch_output(self, batch: Batch) -> ZeroShotOutput:
+        """What ``test_step`` scores for ``batch``: ``explained`` on its images. A model that reads more of the batch
+        than its images (the ``reader``: each image's id and size) overrides this."""
+        return self.explained(batch.images, batch.classes)
+
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""
         self.random_weights = True
@@ -244,7 +249,7 @@ class ZeroShotModel(L.LightningModule):
             self.add_dataset(spec.name, spec.classes)
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
-        output = self.explained(batch.images, batch.classes)
+        output = self.batch_output(batch)
         b, c = batch.labels.shape
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
             raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "

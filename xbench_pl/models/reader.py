@@ -112,7 +112,6 @@ class ReaderModel(ZeroShotModel):
         self.annotations = str(annotations)
         self.regions = read_annotations(annotations)
         self.preprocess = Preprocess(resize="squash", size=512)  # the default eval grid: no resize for heatmaps
-        self.current: Batch | None = None
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """The batch with its input made the eval grid (``eval_grid_affine``): the reader's maps are drawn there."""
@@ -122,16 +121,9 @@ class ReaderModel(ZeroShotModel):
         affine = torch.tensor([eval_grid_affine(h, w, size) for h, w in batch.original_size.tolist()],
                               dtype=torch.float64, device=batch.affine.device)
         images = batch.images
-        if images.shape[-1] != size:  # display only (heatmaps): the squashed image on the eval grid
+        if images.shape[-1] != size:  # the input is the eval grid: test_step and the heatmaps read its size
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
         return replace(batch, images=images, affine=affine)
-
-    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0):
-        self.current = batch  # zero_shot looks its images' annotations up by id
-        try:
-            return super().test_step(batch, batch_idx, dataloader_idx)
-        finally:
-            self.current = None
 
     def reader_map(self, image_id: str, finding: str, height: int, width: int, size: int) -> np.ndarray:
         """``[E, E]`` bool: the reader's regions of ``finding`` in ``image_id`` on its eval grid."""
@@ -142,12 +134,13 @@ class ReaderModel(ZeroShotModel):
             raise DataError(self.annotations, f"does not fit the {width}x{height} image: {error}",
                             row=f"{image_id} / {finding}") from None
 
-    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
-        batch = self.current
-        if batch is None or len(batch.image_ids) != images.shape[0]:
-            raise ValueError("the reader draws each image's annotation: it runs only through test_step (a Batch)")
-        size = images.shape[-1]
-        maps = np.stack([np.stack([self.reader_map(image_id, c, h, w, size) for c in classes])
+    def batch_output(self, batch: Batch) -> ZeroShotOutput:
+        """Each image's annotation, looked up by its id and drawn on the eval grid at its original size."""
+        size = batch.images.shape[-1]
+        maps = np.stack([np.stack([self.reader_map(image_id, c, h, w, size) for c in batch.classes])
                          for image_id, (h, w) in zip(batch.image_ids, batch.original_size.tolist())])
-        saliency = torch.from_numpy(maps).to(images.device, torch.float32)
+        saliency = torch.from_numpy(maps).to(batch.images.device, torch.float32)
         return ZeroShotOutput(scores=saliency.flatten(2).amax(2), saliency=saliency)
+
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        raise ValueError("the reader draws each image's annotation by its id: it runs on a Batch (batch_output, test_step)")
