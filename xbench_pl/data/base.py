@@ -41,7 +41,9 @@ class Record:
     ``patient_id`` (where the dataset records it) groups a patient's images: patient-level
     resampling and splits use it, else each image is its own unit;
     ``groups`` (where the dataset's metadata gives them) maps a subgroup name (``sex``, ``age``, ``view``) to the
-    image's value (``xbench_pl.data.groups``): a name it lacks is ``unknown``.
+    image's value (``xbench_pl.data.groups``): a name it lacks is ``unknown``;
+    ``queries`` (phrase grounding) maps a finding to the text the model grounds for it in this sample (MS-CXR:
+    the radiologist's phrase, whose boxes are the finding's region); a finding it lacks is queried by its name.
     """
 
     image_id: str
@@ -52,6 +54,7 @@ class Record:
     region_sources: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     patient_id: str | None = None
     groups: dict[str, str] = field(default_factory=dict)
+    queries: dict[str, str] = field(default_factory=dict)
 
     def add_region(self, finding: str, region: Region, file: str | Path, row: int) -> None:
         self.regions.setdefault(finding, []).append(region)
@@ -72,6 +75,7 @@ class Batch:
     index ``[B]``: position of each sample in its dataset.
     patient_ids: each sample's ``Record.patient_id`` (None where the dataset has none).
     groups: each sample's ``Record.groups`` (subgroup values; ``{}``: all unknown).
+    queries: each sample's ``Record.queries`` (``{}``: every finding queried by its name; ``query_texts``).
     counted ``[B]`` bool: False only for the stand-in sample a DDP rank without data of its own
     processes so that it takes part in the metric sync (``EvalDistributedSampler``), or a loader
     whose images were all skipped (``skip_ids``) processes so that the test epoch still ends;
@@ -91,10 +95,21 @@ class Batch:
     counted: torch.Tensor
     patient_ids: list[str | None] = field(default_factory=list)
     groups: list[dict[str, str]] = field(default_factory=list)
+    queries: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def dataset(self) -> str:
         return self.datasets[0]
+
+    def query_texts(self) -> list[tuple[tuple[str, ...], torch.Tensor]]:
+        """The texts the model grounds, as ``(texts [C], sample indices)`` groups in order of first appearance:
+        each sample's ``queries`` in place of the class names it replaces. A class-name dataset is one group,
+        ``(classes, all samples)``; a phrase dataset has a group per distinct phrase set."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for b in range(len(self.image_ids)):
+            own = self.queries[b] if b < len(self.queries) else {}
+            groups.setdefault(tuple(own.get(name, name) for name in self.classes), []).append(b)
+        return [(texts, torch.tensor(samples, dtype=torch.long)) for texts, samples in groups.items()]
 
 
 class XBenchDataset(Dataset):
@@ -124,6 +139,7 @@ class XBenchDataset(Dataset):
             "image_id": record.image_id,
             "patient_id": record.patient_id,
             "groups": dict(record.groups),
+            "queries": dict(record.queries),
             "dataset": self.name,
             "original_size": torch.tensor([height, width]),
             "affine": affine,
@@ -171,6 +187,7 @@ def collate(samples: list[dict]) -> Batch:
         counted=torch.tensor([s["counted"] for s in samples]),
         patient_ids=[s["patient_id"] for s in samples],
         groups=[s.get("groups", {}) for s in samples],
+        queries=[s.get("queries", {}) for s in samples],
     )
 
 
