@@ -13,7 +13,8 @@ Beyond the paper (``EXTRA_KEYS``, after the paper's keys in every row): ``dice_t
 tau_tuned`` (Dice/IoU at a tau chosen per finding on a tuning run, ``tuned_thresholds``; None without
 one, and the table's ``tuning`` says so), ``dice_otsu, iou_otsu``, ``energy_pg``, ``specificity``,
 ``map_similarity``, ``pg_lift``, ``pg_any_tie`` (the Pointing Game under Quantus'/MedKLIP's any-tie
-rule), ``dice_auc``, ``pixel_auroc``, ``dice_lift`` (definitions in ``functional.py``
+rule), ``dice_auc``, ``pixel_auroc``, ``dice_lift``, ``cnr`` (BioViL's contrast-to-noise ratio of the raw map;
+definitions in ``functional.py``
 and the README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals of every
 pair-level, image-level and recognition key, resampling patients where known, ``resampling.py``; None
 when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
@@ -49,6 +50,7 @@ from xbench_pl.metrics.functional import (
 )
 from xbench_pl.metrics.grounding import (
     FIXED_POINT_SCALE,
+    ContrastToNoise,
     DiceIoU,
     EnergyPointing,
     FindingSpecificity,
@@ -80,14 +82,14 @@ COUNT_KEYS = ("n_pos", "n_neg", "n_regions")
 
 #: Keys beyond the paper's, appended to every row (the paper's keys and their values are unchanged).
 EXTRA_KEYS = ("dice_tuned", "iou_tuned", "tau_tuned", "dice_otsu", "iou_otsu", "energy_pg", "specificity",
-              "map_similarity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift")
+              "map_similarity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift", "cnr")
 
 #: Full-set mode (``negatives=True``): keys over the (image, finding) pairs where the finding is absent.
 NEGATIVE_KEYS = ("neg_fp_rate", "neg_mass")
 
 #: Per-pair values kept for every counted pair (``PairRecords``), besides the Dice/IoU curves.
 RECORD_KEYS = ("pointing_game", "energy_pg", "pg_lift", "pg_any_tie", "dice_otsu", "iou_otsu", "pixel_auroc", "specificity",
-               "size", "uniform_dice")
+               "size", "uniform_dice", "cnr")
 
 #: Per-image values kept for every scored image and finding (``ImageRecords``), besides scores and labels.
 IMAGE_KEYS = ("map_similarity",) + NEGATIVE_KEYS
@@ -103,7 +105,7 @@ def pair_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
     """The keys that are means over (image, finding) pairs: those with bootstrap intervals and size strata."""
     t = f"{fixed_threshold:g}"
     return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "iou_best", "dice_tuned", "iou_tuned", "dice_otsu",
-            "iou_otsu", "energy_pg", "specificity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift")
+            "iou_otsu", "energy_pg", "specificity", "pg_lift", "pg_any_tie", "dice_auc", "pixel_auroc", "dice_lift", "cnr")
 
 
 def read_tuned_thresholds(path: str) -> dict[str, dict[str, float]]:
@@ -218,6 +220,7 @@ class BenchmarkMetrics(nn.Module):
         self.any_tie = PointingAnyTie(c)
         self.otsu = OtsuDiceIoU(c, normalize=normalize)
         self.pixel_auroc = PixelAUROC(c)
+        self.cnr = ContrastToNoise(c)
         self.specificity = FindingSpecificity(c)
         self.similarity = MapSimilarity(c)
         self.records = PairRecords(RECORD_KEYS, self.dice_iou.thresholds.numel())
@@ -269,7 +272,7 @@ class BenchmarkMetrics(nn.Module):
         if self.keyed:
             self.specificity.update(maps, masks, class_index, image_keys.to(maps.device))
             specificity = self.specificity.last
-        for metric in (self.energy, self.lift, self.any_tie, self.otsu, self.pixel_auroc):
+        for metric in (self.energy, self.lift, self.any_tie, self.otsu, self.pixel_auroc, self.cnr):
             metric.update(maps, masks, class_index)
         otsu_dice, otsu_iou = self.otsu.last
         regions, kept = masks[keep], keep.cpu()
@@ -277,7 +280,7 @@ class BenchmarkMetrics(nn.Module):
                   "pg_any_tie": self.any_tie.last, "dice_otsu": otsu_dice, "iou_otsu": otsu_iou, "pixel_auroc": self.pixel_auroc.last,
                   "specificity": specificity[keep.to(specificity.device)],
                   "size": size_stratum(area_fraction(regions), self.size_bounds).double(),  # stratum, exact in fixed point
-                  "uniform_dice": uniform_dice(regions)}
+                  "uniform_dice": uniform_dice(regions), "cnr": self.cnr.last}
         pair_units = image_keys if unit_keys is None else torch.as_tensor(unit_keys, dtype=torch.long)
         self.records.update(image_keys[kept], class_index[keep].cpu(), values, dice, iou, unit=pair_units[kept])
         b, c = scores.shape
@@ -482,6 +485,7 @@ class BenchmarkMetrics(nn.Module):
             "pg_any_tie": self.any_tie.compute(),
             "dice_auc": dice_auc(dice, thresholds),
             "pixel_auroc": self.pixel_auroc.compute(),
+            "cnr": self.cnr.compute(),
             # Dice at tau_best over what the uniform map scores on the same pairs (its best: tau = 0)
             "dice_lift": grounding["dice_best"].cpu().reshape(c) - class_means(
                 state["pairs"]["cls"], state["pairs"]["values"][:, RECORD_KEYS.index("uniform_dice")],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+import numpy as np
 import torch
 from torchmetrics.functional.classification import binary_calibration_error
 
@@ -173,6 +174,29 @@ def uniform_dice(masks: torch.Tensor) -> torch.Tensor:
     area fraction ``a`` has Dice ``2a / (1 + a)``. NaN for an empty region."""
     a = area_fraction(masks)
     return torch.where(a > 0, 2 * a / (1 + a), torch.full_like(a, float("nan")))
+
+
+def contrast_to_noise(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Contrast-to-noise ratio per pair (BioViL, Boecking et al. ECCV 2022; MS-CXR): on the raw map,
+    ``|mean_in - mean_out| / sqrt(var_in + var_out)`` over the pixels inside / outside the region, with population
+    variances (``ddof=0``) ``[N]`` float64. Unchanged by any ``a * m + b`` with ``a != 0``, so by the normalisations.
+    NaN where it is undefined: an empty region or one covering the whole map, or both variances 0.
+    Computed per map in float64 by numpy's pairwise sums, whose order depends only on the map's size: the same
+    value for a map alone or in any batch, on any thread count (the DDP-exact fixed-point sums need that)."""
+    flat = maps.detach().flatten(1).cpu().double().numpy()
+    region = masks.flatten(1).bool().cpu().numpy()
+    _raise_if_not_finite(torch.from_numpy(flat.sum(1)))
+    inside = region.sum(1)
+    outside = region.shape[1] - inside
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_in = np.where(region, flat, 0.0).sum(1) / inside
+        mean_out = np.where(region, 0.0, flat).sum(1) / outside
+        var_in = np.where(region, (flat - mean_in[:, None]) ** 2, 0.0).sum(1) / inside
+        var_out = np.where(region, 0.0, (flat - mean_out[:, None]) ** 2).sum(1) / outside
+        noise = np.sqrt(var_in + var_out)
+        cnr = np.abs(mean_in - mean_out) / noise
+    defined = (inside > 0) & (outside > 0) & (noise > 0)
+    return torch.from_numpy(np.where(defined, cnr, np.nan))
 
 
 def negative_map_stats(maps: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:

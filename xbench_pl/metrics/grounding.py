@@ -25,6 +25,7 @@ from xbench_pl.metrics.functional import (
     best_threshold,
     default_thresholds,
     dice_iou_curve,
+    contrast_to_noise,
     energy_pointing,
     finding_specificity,
     map_similarity,
@@ -260,6 +261,15 @@ class EnergyPointing(_DefinedPairMetric):
         if shared is None:
             return energy_pointing(normalize_saliency(maps, self.normalize), masks)
         return kernels.energy_from_counts(shared["counts"])
+
+
+class ContrastToNoise(_DefinedPairMetric):
+    """Mean contrast-to-noise ratio per class (``functional.contrast_to_noise`` of the raw map; undefined pairs left out)."""
+
+    plot_upper_bound = None  # unbounded above
+
+    def _values(self, maps, masks):
+        return contrast_to_noise(maps, masks).to(maps.device)
 
 
 class PointingLift(_DefinedPairMetric):

@@ -223,9 +223,26 @@ class ZeroShotModel(L.LightningModule):
         return ZeroShotOutput(scores=output.scores, saliency=maps.to(output.scores.device), logits=output.logits)
 
     def batch_output(self, batch: Batch) -> ZeroShotOutput:
-        """What ``test_step`` scores for ``batch``: ``explained`` on its images. A model that reads more of the batch
-        than its images (the ``reader``: each image's id and size) overrides this."""
-        return self.explained(batch.images, batch.classes)
+        """What ``test_step`` scores for ``batch``: ``explained`` on its images and texts (``grounded``). A model that
+        reads more of the batch than its images (the ``reader``: each image's id and size) overrides this."""
+        return self.grounded(batch, self.explained)
+
+    @staticmethod
+    def grounded(batch: Batch, forward) -> ZeroShotOutput:
+        """``forward(images, texts)`` (``zero_shot`` or a variant) over the batch, each sample with its own texts
+        (``Batch.query_texts``): one call per distinct text list, its rows put back in batch order. A class-name
+        batch is one call with the class names, so phrase grounding is the same path, not a second one."""
+        groups = batch.query_texts()
+        if len(groups) == 1:
+            return forward(batch.images, list(groups[0][0]))
+        parts = [(samples, forward(batch.images[samples.to(batch.images.device)], list(texts))) for texts, samples in groups]
+        order = torch.cat([samples for samples, _ in parts]).argsort().to(parts[0][1].scores.device)
+
+        def joined(field: str) -> torch.Tensor | None:
+            values = [getattr(output, field) for _, output in parts]
+            return None if values[0] is None else torch.cat(values)[order]
+
+        return ZeroShotOutput(scores=joined("scores"), saliency=joined("saliency"), logits=joined("logits"))
 
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""
@@ -397,7 +414,7 @@ class ZeroShotModel(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """Binary cross-entropy of ``training_logits`` against ``batch.labels``, mean over (image, finding)."""
-        output = self.zero_shot_with_grad(batch.images, batch.classes)
+        output = self.grounded(batch, self.zero_shot_with_grad)
         logits = self.training_logits(output)
         counted = batch.counted.to(logits.device)
         loss = F.binary_cross_entropy_with_logits(logits[counted], batch.labels[counted].to(logits))
