@@ -30,6 +30,17 @@ resolution, never on the eval grid:
   ``tests/test_chexlocalize_mode.py``.) Their optional tuned thresholds, probability cut-offs
   and box smoothing are not reproduced: the numbers are those of their default pipeline.
 
+**The human benchmark** (the ``reader`` model, ``reader_pair``): CheXlocalize judges its second
+radiologists (``eval.py --if_human_benchmark``) without any map. Their segmentations
+(``hb_segmentations_test.json``) are the segmentation as they are (no Otsu, no contour filling), in
+the same IoU; the hit is ``hb_hit`` of their most salient points (``hb_salient_pt_test.json``,
+``{cxr_id: {task: [[x, y], ...]}}``): per (image, finding) with a non-empty region, 1 if ANY point
+``[x, y]`` lies in it, tested at row ``int(y)``, column ``int(x)`` (original pixels, truncated toward
+zero as their ``int()``), 0 if none does or the reader gave no point for that finding (image or task
+absent, or an empty list: a miss, as theirs); NaN (not counted) where the region is empty, whatever
+the reader marked. Whether the reader also segmented the finding does not enter the hit. A point
+outside the image after truncation is an error (their indexing would wrap a negative one or crash).
+
 Cost: about 0.1 s per (image, finding) at CheXlocalize's ~2300 x 2800 on one CPU core, every
 finding of every image (``cxl_miou_all`` needs the negatives): minutes for CheXlocalize's test set.
 """
@@ -146,6 +157,33 @@ def cxl_pair(full_map: torch.Tensor, region: np.ndarray | None) -> tuple[float, 
     return cxl_hit(full_map, region), cxl_iou(segmentation, region, True), cxl_iou(segmentation, region, False)
 
 
+def hb_hit(points, region: np.ndarray | None) -> float:
+    """CheXlocalize's human-benchmark hit (module docstring): NaN where ``region`` (bool ``[H, W]``) is None or
+    empty; else 1.0 if any of ``points`` (``[x, y]`` in original pixels) lies in it, 0.0 if none does or there is
+    none. ``ValueError`` for a point outside the image."""
+    if region is None or not region.any():
+        return float("nan")
+    height, width = region.shape
+    cells = []
+    for point in points:
+        row, col = int(point[1]), int(point[0])
+        if not (0 <= row < height and 0 <= col < width):
+            raise ValueError(f"salient point {list(point)} lies outside the {width}x{height} image")
+        cells.append((row, col))
+    return float(any(region[row, col] for row, col in cells))
+
+
+def reader_pair(annotation: np.ndarray, region: np.ndarray | None, points=None) -> tuple[float, float, float]:
+    """``(hit, iou, iou_all)`` of a reader's annotation (bool ``[H, W]`` at full resolution) judged as CheXlocalize
+    judges its human benchmark: the annotation is the segmentation (``cxl_iou``, both ``true_pos_only``); the hit is
+    ``hb_hit`` of ``points`` (the reader's salient points of this finding, ``()`` where it gave none), or, with
+    ``points=None`` (no salient-point file), ``cxl_hit`` of the annotation taken as a 0/1 map, as a model's map."""
+    if region is None or not region.any():
+        return float("nan"), float("nan"), (0.0 if annotation.any() else float("nan"))
+    hit = cxl_hit(torch.from_numpy(annotation.astype(np.float32)), region) if points is None else hb_hit(points, region)
+    return hit, cxl_iou(annotation, region, True), cxl_iou(annotation, region, False)
+
+
 def cxl_means(maps: Iterable[torch.Tensor], regions: Iterable[np.ndarray | None], class_index: Iterable[int],
               num_classes: int) -> dict[str, torch.Tensor]:
     """Direct per-class means of ``cxl_pair`` over pairs (NaN-skipping), float64 ``[C]`` per key:
@@ -186,17 +224,20 @@ class CheXlocalizeMode(Metric):
         self.pairs.reset()
         self.keyed = True
 
-    def update(self, pairs: Iterable[tuple[torch.Tensor, np.ndarray | None, int]], units: list[int] | None = None) -> None:
+    def update(self, pairs: Iterable, units: list[int] | None = None, judged: bool = False) -> None:
+        """``pairs``: ``(full_map, region, class)`` judged by ``cxl_pair``; with ``judged``, pairs judged elsewhere:
+        ``(values, class)``, ``values`` a ``cxl_pair``-like ``(hit, iou, iou_all)`` (the reader's ``reader_pair``)."""
+        if not judged:
+            pairs = ((cxl_pair(full_map, region), c) for full_map, region, c in pairs)
         totals = {k: torch.zeros(self.num_classes, dtype=torch.long) for k in CXL_KEYS}
         counts = {k: torch.zeros(self.num_classes, dtype=torch.long) for k in CXL_KEYS}
         classes, values = [], []
-        for full_map, region, c in pairs:
-            pair = cxl_pair(full_map, region)
+        for pair, c in pairs:
             classes.append(int(c))
             values.append(pair)
             for key, value in zip(CXL_KEYS, pair):
                 if not np.isnan(value):
-                    totals[key][int(c)] += int(to_fixed(torch.tensor(value)))
+                    totals[key][int(c)] += int(to_fixed(torch.tensor(value, dtype=torch.float64)))
                     counts[key][int(c)] += 1
         if units is None:
             self.keyed = False

@@ -21,10 +21,21 @@ Annotation files (by suffix):
   keyed ``<image_id>@<rad_id>``: the items of ``vindr_cxr`` with ``split=train, readers=split``
   (leave-one-reader-out: reader A's boxes against the other readers' union).
 
-An image the file does not have gets zero maps and scores (the reader marked nothing). In the
-CheXlocalize-comparable mode (``cxl``) the full-resolution metrics see the eval-grid map
-bilinearly resampled to each image (its pixels, not the annotation's at full resolution), and
-CheXlocalize's human-benchmark hit rule (``hb_salient_pt_test.json``) is not implemented.
+An image the file does not have gets zero maps and scores (the reader marked nothing).
+
+CheXlocalize-comparable mode (``--model.cxl true``): the reader is judged as CheXlocalize's
+``eval.py --if_human_benchmark`` judges its human benchmark (``metrics/chexlocalize.py``,
+``reader_pair``), not through a resampled eval-grid map: its annotation is drawn at each image's full
+resolution (``regions.rasterize_original``, the ground truth's own rule there) and is itself the
+segmentation of ``cxl_miou``/``cxl_miou_all`` (no Otsu, no contour filling). ``cxl_hit_rate``: with
+``--model.salient_points hb_salient_pt_test.json`` (``{cxr_id: {task: [[x, y], ...]}}``, task names as
+CheXlocalize spells them) their human-benchmark hit: 1 where any of the reader's salient points of the
+finding lies in the ground truth (row ``int(y)``, column ``int(x)``), 0 where none does or the reader
+gave none, not counted where the ground truth has no region of the finding; without that file, the
+annotation's first marked pixel (row-major) as a model's map would be judged (not CheXlocalize's
+human benchmark). A prediction store of a reader run holds its eval-grid maps: a run resumed from one
+would judge the stored images' cxl keys from those maps, so the reader in cxl mode refuses to resume
+(and ``score`` on its store judges the stored maps as any model's).
 """
 
 from __future__ import annotations
@@ -41,11 +52,12 @@ from xbench_pl.data.annotations import read_json
 from xbench_pl.data.base import Batch
 from xbench_pl.data.chexlocalize import CheXlocalizeDataModule
 from xbench_pl.data.errors import DataError
-from xbench_pl.data.regions import Region, rasterize_union
+from xbench_pl.data.regions import Region, rasterize_original, rasterize_union
 from xbench_pl.data.vindr_cxr import parse_vindr_reader_boxes, reader_item_id
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.external_boxes import eval_grid_affine
 from xbench_pl.geometry import Preprocess
+from xbench_pl.metrics.chexlocalize import reader_pair, region_mask
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 
 # Lightning's note that the model's (the reader's) on_after_batch_transfer is used with a datamodule: that is the design
@@ -53,6 +65,8 @@ warnings.filterwarnings("ignore", message=r"You have overridden `on_after_batch_
 
 #: per item id, per canonical finding: the reader's regions in original pixels
 Annotations = dict[str, dict[str, list[Region]]]
+#: per cxr id, per canonical finding: the reader's most salient points ``(x, y)`` in original pixels
+SalientPoints = dict[str, dict[str, list[tuple[float, float]]]]
 
 
 def read_chexlocalize_annotations(path: Path) -> Annotations:
@@ -72,6 +86,30 @@ def read_chexlocalize_annotations(path: Path) -> Annotations:
                 raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
             if regions:
                 out.setdefault(image_id, {}).setdefault(finding, []).extend(regions)
+    return out
+
+
+def read_salient_points(path: str | Path) -> SalientPoints:
+    """CheXlocalize's ``hb_salient_pt_test.json`` (``{cxr_id: {task: [[x, y], ...]}}``) as ``SalientPoints``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "salient point file not found")
+    out: SalientPoints = {}
+    for image_id, tasks in read_json(path, dict).items():
+        if not isinstance(tasks, dict):
+            raise DataError(path, f"expected an object of tasks, got {type(tasks).__name__}", row=image_id)
+        for task, points in tasks.items():
+            if task == "img_size":
+                continue
+            try:
+                finding = canonical(task, "chexlocalize")
+            except KeyError as error:
+                raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
+            if not isinstance(points, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                    for p in points):
+                raise DataError(path, "expected a list of [x, y] points", row=f"{image_id} / {task}")
+            out.setdefault(image_id, {}).setdefault(finding, []).extend((float(x), float(y)) for x, y in points)
     return out
 
 
@@ -104,14 +142,28 @@ class ReaderModel(ZeroShotModel):
 
     Args:
         annotations: the reader's annotation file (module docstring).
+        salient_points: CheXlocalize's ``hb_salient_pt_test.json``: the reader's ``cxl_hit_rate`` by their
+            human-benchmark hit rule (needs ``cxl=True``).
         **kwargs: ``ZeroShotModel`` arguments.
     """
 
-    def __init__(self, annotations: str, **kwargs):
+    def __init__(self, annotations: str, salient_points: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.annotations = str(annotations)
         self.regions = read_annotations(annotations)
+        if salient_points is not None and not self.cxl:
+            raise ValueError("reader: salient_points is read by the CheXlocalize-comparable mode only: set cxl=True "
+                             "(--model.cxl true)")
+        self.salient_points_file = None if salient_points is None else str(salient_points)
+        self.salient_points = None if salient_points is None else read_salient_points(salient_points)
         self.preprocess = Preprocess(resize="squash", size=512)  # the default eval grid: no resize for heatmaps
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        # a store's images would be replayed from their eval-grid maps, not drawn at full resolution (module docstring)
+        if self.cxl and any(getattr(callback, "resumed", None) for callback in self.trainer.callbacks):
+            raise ValueError("reader with cxl=True: its cxl keys are drawn at full resolution during the run and cannot "
+                             "be resumed from a prediction store; use an empty --predictions folder")
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """The batch with its input made the eval grid (``eval_grid_affine``): the reader's maps are drawn there."""
@@ -141,6 +193,43 @@ class ReaderModel(ZeroShotModel):
                          for image_id, (h, w) in zip(batch.image_ids, batch.original_size.tolist())])
         saliency = torch.from_numpy(maps).to(batch.images.device, torch.float32)
         return ZeroShotOutput(scores=saliency.flatten(2).amax(2), saliency=saliency)
+
+    def update_cxl(self, batch: Batch, saliency: torch.Tensor, units: torch.Tensor) -> None:
+        """The cxl keys of every finding of the batch's counted images from the annotation itself at each image's full
+        resolution (``reader_pair``; the eval-grid ``saliency`` is not used), pairs in the base class's order."""
+        dataset = self.region_datasets.get(batch.dataset)
+        if dataset is None:  # found as ZeroShotModel.update_cxl finds it
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            dataset = {dm.name: dm.test_set for dm in getattr(datamodule, "datamodules", [])}.get(batch.dataset)
+            if dataset is None:
+                raise ValueError(f"cxl=True needs the regions of {batch.dataset!r} at full resolution: run through an "
+                                 "XBenchDataModule (the CLI's --data) or set model.region_datasets")
+            self.region_datasets[batch.dataset] = dataset
+        counted = batch.counted.nonzero().flatten().cpu().tolist()
+
+        def judged():  # lazily: one full-resolution pair at a time
+            for i in counted:
+                image_id, (height, width) = batch.image_ids[i], batch.original_size[i].tolist()
+                record = dataset.records[int(batch.index[i])]
+                for c, finding in enumerate(batch.classes):
+                    yield self.judge(image_id, finding, region_mask(record.regions.get(finding), height, width), height, width), c
+
+        units = units[torch.tensor(counted, dtype=torch.long)].repeat_interleave(len(batch.classes))
+        self.benchmark[batch.dataset].cxl.update(judged(), units.tolist(), judged=True)
+
+    def judge(self, image_id: str, finding: str, region: np.ndarray | None, height: int, width: int) -> tuple[float, float, float]:
+        """``reader_pair`` of the reader's annotation of ``finding`` in ``image_id`` at full resolution against ``region``."""
+        regions = self.regions.get(image_id, {}).get(finding, [])
+        try:
+            annotation = rasterize_original(regions, height, width)
+        except ValueError as error:
+            raise DataError(self.annotations, f"does not fit the {width}x{height} image: {error}",
+                            row=f"{image_id} / {finding}") from None
+        points = None if self.salient_points is None else self.salient_points.get(image_id, {}).get(finding, ())
+        try:
+            return reader_pair(annotation, region, points)
+        except ValueError as error:
+            raise DataError(self.salient_points_file, str(error), row=f"{image_id} / {finding}") from None
 
     def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         raise ValueError("the reader draws each image's annotation by its id: it runs on a Batch (batch_output, test_step)")
