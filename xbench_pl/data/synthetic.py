@@ -420,25 +420,35 @@ def write_demo(root: str | Path, seed: int = 0) -> Path:
     return root
 
 
-def default_demo_dir(seed: int = 0) -> Path:
+def demo_cache_dir() -> Path:
+    """Where generated demos are kept: ``XBENCH_DEMO_DIR``, else ``$XDG_CACHE_HOME/xbench_pl`` or ``~/.cache/xbench_pl``."""
     base = os.environ.get(DEMO_ENV)
     if not base:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xbench_pl"
-    return Path(base) / f"demo-v{GENERATOR_VERSION}-seed{seed}"
+    return Path(base)
+
+
+def default_demo_dir(seed: int = 0) -> Path:
+    return demo_cache_dir() / f"demo-v{GENERATOR_VERSION}-seed{seed}"
 
 
 def ensure_demo(root: str | Path | None = None, seed: int = 0) -> Path:
     """The demo folder, generated first if ``root`` (default ``default_demo_dir(seed)``) is
-    missing or empty. Atomic: written to a temporary sibling, then renamed into place; a
-    process that loses the race to another discards its copy."""
+    missing or empty (``ensure_generated``)."""
     root = Path(root) if root is not None else default_demo_dir(seed)
+    return ensure_generated(root, lambda folder: write_demo(folder, seed), "the synthetic demo")
+
+
+def ensure_generated(root: Path, write: Callable[[Path], object], what: str) -> Path:
+    """``root``, first filled by ``write(folder)`` if it is missing or empty. Atomic: written to a
+    temporary sibling, then renamed into place; a process that loses the race to another discards its copy."""
     if root.is_dir() and any(root.iterdir()):
         return root
-    note(f"drawing the synthetic demo into {root} (first run only, a few seconds)")
+    note(f"drawing {what} into {root} (first run only, a few seconds)")
     root.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=f".{uuid.uuid4().hex[:8]}", dir=root.parent))
     try:
-        write_demo(temporary, seed)
+        write(temporary)
         os.chmod(temporary, 0o755)  # mkdtemp made it private
         try:
             os.rename(temporary, root)  # replaces a missing or empty folder, atomically
