@@ -17,7 +17,7 @@ rule), ``dice_auc``, ``pixel_auroc``, ``dice_lift``, ``cnr`` (BioViL's contrast-
 definitions in ``functional.py``
 and the README). Beside ``classes`` and ``mean`` the table has ``ci`` (bootstrap intervals of every
 pair-level, image-level and recognition key, resampling patients where known, ``resampling.py``; None
-when ``bootstrap=0``), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
+when ``bootstrap=0``; with the ``draws`` id and the per-class ``replicates`` of ``replicate_keys`` for ratios between runs), ``by_size`` (the pair-level keys per region-size stratum) and ``tuning``.
 With ``negatives=True`` every row also has ``neg_fp_rate, neg_mass`` over the (image, finding) pairs
 where the finding is absent (``NEGATIVE_KEYS``), fed by ``update(negatives=...)``.
 With ``cxl=True`` every row also has ``cxl_hit_rate, cxl_miou, cxl_miou_all``: CheXlocalize's hit rate and
@@ -72,7 +72,10 @@ from xbench_pl.metrics.resampling import (
     SIZE_STRATA,
     ImageRecords,
     class_means,
+    draws_id,
     intervals,
+    kept_replicates,
+    replicate_keys,
     resampled_means,
     strata_means,
     unit_name,
@@ -593,7 +596,10 @@ class BenchmarkMetrics(nn.Module):
         boot = {k: intervals(v[:, :, None]) for k, v in replicates.items()}
         ci = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
               "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
-              "classes": {name: {k: interval(b["classes"][j, 0]) for k, b in boot.items()} for j, name in enumerate(self.classes)}}
+              "classes": {name: {k: interval(b["classes"][j, 0]) for k, b in boot.items()} for j, name in enumerate(self.classes)},
+              # for intervals of ratios between runs on the same draws (the report's % of reader; resampling.py)
+              "units": int(universe.numel()), "draws": draws_id(universe, self.bootstrap, self.bootstrap_seed),
+              "replicates": kept_replicates(replicates, self.classes, replicate_keys(self.dice_iou.fixed_threshold))}
         return ci, by_size
 
     def reset(self) -> None:

@@ -13,6 +13,13 @@ every key of the table (pair means, image means, recognition) is recomputed on t
 drawn twice counts twice. A replicate's value of a mean is the weighted mean per class, and its macro
 mean over the classes defined in that replicate. The interval is the 2.5 and 97.5 percentiles of the
 replicates (linear interpolation).
+
+Shared draws: the weights depend only on the number of units, ``resamples`` and ``seed``, and a unit is a
+column by its rank among the sorted keys, so two runs over the same units (the same sorted unit keys)
+with the same ``resamples`` and ``seed`` draw the same units in every replicate. A table's ``ci`` records
+``draws`` (``draws_id``: a digest of exactly those three) and ``replicates`` (``kept_replicates``: each
+class's replicate values of ``replicate_keys``), so a ratio of two runs' values (the report's % of a
+reader) gets its interval from replicate-by-replicate ratios on the same draws, without re-running either.
 """
 
 from __future__ import annotations
@@ -38,6 +45,29 @@ def unit_key(image_id: str, patient_id: str | None = None) -> int:
     """The bootstrap unit of an image: its patient where the dataset records one, else the image itself
     (``image_key``; a patient's key is hashed with a prefix, so it never equals an image's)."""
     return image_key(image_id) if patient_id is None else image_key(f"patient:{patient_id}")
+
+
+def replicate_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
+    """The keys whose per-class replicates a table keeps in ``ci["replicates"]`` (``kept_replicates``): those the report
+    shows as a share of a reader run's (Pointing Game, Dice/IoU at the fixed threshold, Dice best, the cxl keys)."""
+    t = f"{fixed_threshold:g}"
+    return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "cxl_hit_rate", "cxl_miou")
+
+
+def draws_id(universe: torch.Tensor, resamples: int, seed: int) -> str:
+    """What fixes a table's bootstrap draws: a BLAKE2b digest of the sorted unit keys ``universe`` (int64), ``resamples``
+    and ``seed``. Two tables with the same id were resampled on the same draws, replicate by replicate."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(universe.to("cpu", torch.long).contiguous().numpy().astype("<i8").tobytes())
+    digest.update(f"{int(resamples)}:{int(seed)}".encode())
+    return digest.hexdigest()
+
+
+def kept_replicates(replicates: dict[str, torch.Tensor], classes: list[str], keys: tuple[str, ...]) -> dict[str, dict[str, list]]:
+    """``{key: {class: [R values]}}`` of ``replicates`` (``{key: [R, C]}``) for those of ``keys`` it has, as JSON numbers
+    (None where a replicate is undefined)."""
+    return {k: {name: [None if v != v else v for v in replicates[k][:, i].double().tolist()] for i, name in enumerate(classes)}
+            for k in keys if k in replicates}
 
 
 def unit_name(image_keys: torch.Tensor, unit_keys: torch.Tensor) -> str:
