@@ -15,8 +15,8 @@ image_width, image_height``. Boxes are **xywh** in the original image's pixels, 
 ``Box(x, y, x + w, y + h)``; ``image_width x image_height`` is the size of the image they are drawn on,
 checked against the JPEG at setup.
 
-Items: one ``Record`` per (image, phrase): 1,162 pairs in MS-CXR v1.0.0. Rows with the same
-``dicom_id`` and ``label_text`` are one phrase, whose boxes are united into one region. Its id is
+Items: one ``Record`` per (image, phrase): 1,162 pairs in MS-CXR as published (Boecking et al. 2022).
+Rows with the same ``dicom_id`` and ``label_text`` are one phrase, whose boxes are united into one region. Its id is
 ``<dicom_id>#<n>``, ``n`` counting (from 0) that image's phrases in order of their first row in the
 csv: stable for one csv file (a split file lists these ids), but another MS-CXR version may number
 them differently. Per record: ``labels = {category: 1}`` (the phrase's category alone: an image with
@@ -104,7 +104,7 @@ def image_size(width: str, height: str) -> tuple[int, int]:
     return int(values[0]), int(values[1])
 
 
-def parse_row(row, classes: tuple[str, ...]) -> PhraseRow:
+def parse_row(row) -> PhraseRow:
     """A csv row as a ``PhraseRow``; ``ValueError`` / ``KeyError`` saying what is wrong."""
     for column in ("dicom_id", "label_text", "path"):
         if not getattr(row, column):
@@ -113,8 +113,8 @@ def parse_row(row, classes: tuple[str, ...]) -> PhraseRow:
         category = canonical(row.category_name)
     except KeyError:
         category = None
-    if category not in classes:
-        raise KeyError(f"category_name {row.category_name!r} is not an MS-CXR category {list(classes)}")
+    if category not in MS_CXR_CLASSES:
+        raise KeyError(f"category_name {row.category_name!r} is not an MS-CXR category {list(MS_CXR_CLASSES)}")
     box = parse_box((row.x, row.y, row.w, row.h), "xywh")
     width, height = image_size(row.image_width, row.image_height)
     if box.x0 < 0 or box.y0 < 0 or box.x1 > width or box.y1 > height:
@@ -168,7 +168,7 @@ class MSCXRDataModule(XBenchDataModule):
         for row in table.itertuples(index=False):
             key = (row.dicom_id, row.label_text)
             try:
-                parsed = parse_row(row, MS_CXR_CLASSES)
+                parsed = parse_row(row)
                 first = images.setdefault(parsed.dicom_id, parsed)
                 if (parsed.path, parsed.size) != (first.path, first.size):
                     raise ValueError(f"path, image size {parsed.path}, {parsed.size} differ from row {first.row}'s "
