@@ -1,5 +1,5 @@
 """The report's "Against a radiologist" (% of reader) and "Fairness: subgroups" sections from fabricated metrics.json:
-cells equal the inputs, shares are model ÷ reader × 100, ``against_reader`` and ``fairness`` in report.json, and
+cells equal the inputs, shares are model ÷ reader × 100 (intervals from shared draws: test_report_reader_ci.py), ``against_reader`` and ``fairness`` in report.json, and
 both sections absent without a reader run or ``by_group``."""
 
 import json
@@ -64,17 +64,19 @@ def test_reader_runs_are_recognised(reported):
 def test_share_of_reader_tables_and_json(reported):
     tmp, metrics = reported
     md = (tmp / "out" / "report.md").read_text()
-    assert "## Against a radiologist" in md and "ratios of point estimates" in md and "left for later" in md
+    assert "## Against a radiologist" in md and "from the same bootstrap draws" in md
     assert "### demo (reader: reader)" in md and "### demo_dicom (reader" not in md  # the reader ran demo only
+    # these fabricated runs keep no replicates: shares without intervals, and the report says why
+    assert "No intervals for clip: the reader run kept no bootstrap replicates" in md
     ref = metrics["reader"]["datasets"]["demo"]
-    (table,) = _tables(md, "demo: macro means, value (% of reader)")
+    (table,) = _tables(md, "demo: macro means, value (% of reader [95% CI])")
     assert table[0] == ["model", "PG", "Dice", "IoU", "Dice best"]
     rows = {row[0]: row[1:] for row in table[1:]}
     assert rows["reader (reader)"] == [f"{ref['mean'][k]:.3f}" for k in READER_KEYS]
     for model in ("clip", "center"):
         mine = metrics[model]["datasets"]["demo"]["mean"]
         assert rows[model] == [f"{mine[k]:.3f} ({100 * mine[k] / ref['mean'][k]:.1f}%)" for k in READER_KEYS]
-    (table,) = _tables(md, "demo: Dice per finding, % of reader")
+    (table,) = _tables(md, "demo: Dice per finding, % of reader [95% CI]")
     assert table[0] == ["finding", "reader (reader)", "clip % of reader", "center % of reader"]
     for row in table[1:]:
         finding = row[0]
@@ -84,8 +86,10 @@ def test_share_of_reader_tables_and_json(reported):
             assert cell == ("–" if finding == "Nodule" else f"{100 * value / ref['classes'][finding]['dice@0.5']:.1f}%")
     assert [row[0] for row in table[1:]] == FINDINGS
     stored = json.loads((tmp / "out" / "report.json").read_text())["against_reader"]
-    assert list(stored) == ["demo"] and stored["demo"]["reader"] == "reader" and stored["demo"]["intervals"] is None
+    assert list(stored) == ["demo"] and stored["demo"]["reader"] == "reader" and stored["demo"]["keys"] == list(READER_KEYS)
+    assert stored["demo"]["models"]["clip"]["draws"].startswith("the reader run kept no bootstrap replicates")
     cell = stored["demo"]["models"]["clip"]["mean"]["pointing_game"]
+    assert cell["ci"] is None
     assert cell["value"] == metrics["clip"]["datasets"]["demo"]["mean"]["pointing_game"]
     assert cell["percent"] == pytest.approx(100 * cell["value"] / ref["mean"]["pointing_game"], rel=1e-12)
     assert stored["demo"]["models"]["center"]["classes"]["Nodule"]["dice@0.5"]["percent"] is None

@@ -15,8 +15,8 @@ A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`
   in rows and explainers in columns, the spread across explainers against the spread across models, and
   grouped bars of each model's Pointing Game per explainer (``model_x_explainer`` in ``report.json``);
 - where a reader run (``--model reader``, ``is_reader``) covers a dataset, "Against a radiologist": the reader's values
-  and each model's as a share of them (% of reader), macro means and per finding (``against_reader``; ratios of point
-  estimates: intervals need paired replicates, which metrics.json does not hold);
+  and each model's as a share of them (% of reader), macro means and per finding, with 95% intervals from the same
+  bootstrap draws where both runs were resampled over the same units (``against_reader``, ``share_interval``);
 - where runs have ``by_group`` (``--model.groups``), "Fairness: subgroups": per dataset and group the images per
   value, Pointing Game, Dice best and AUROC per value with intervals, and the gap with its interval and p (``fairness``);
 - the calibration plots and heatmap samples the runs saved.
@@ -46,7 +46,8 @@ from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 FINDING_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "auroc")
-SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best"}
+SHORT = {"pointing_game": "PG", "dice@0.5": "Dice", "iou@0.5": "IoU", "auroc": "AUROC", "dice_best": "Dice best",
+         "cxl_hit_rate": "CXL hit rate", "cxl_miou": "CXL mIoU"}
 LONG = {**SHORT, "pointing_game": "Pointing Game", "dice@0.5": "Dice at τ = 0.5", "dice_best": "Dice at tau_best"}
 #: data columns per HTML/markdown table (after the row names): at the page's 1,200 px, each column keeps ~100 px
 COLUMNS_PER_TABLE = 9
@@ -346,11 +347,15 @@ def explainers_used(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 
 # -- against a radiologist (the reader ceiling) ----------------------------------------------------
-#: the keys of the "Against a radiologist" tables: each model's value as a share of the reader's
+#: the keys of the "Against a radiologist" tables: each model's value as a share of the reader's; the cxl keys too
+#: where the reader run has them (``--model.cxl``: CheXlocalize's human benchmark)
 READER_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "dice_best")
-READER_NOTE = ("Shares are ratios of point estimates (model ÷ reader × 100). Bootstrap intervals of a share need the "
-               "model's and the reader's replicate values on the same draws, which metrics.json does not hold "
-               "(it keeps only each run's own intervals): left for later.")
+READER_CXL_KEYS = ("cxl_hit_rate", "cxl_miou")
+READER_NOTE = ("Shares are model ÷ reader × 100 of the point estimates. Their 95% intervals come from the same bootstrap "
+               "draws: where a model's run and the reader's were resampled over the same units with the same resamples and "
+               "seed (metrics.json's ci.draws), each replicate's share is the model's replicate ÷ the reader's, and the "
+               "interval the 2.5 and 97.5 percentiles of those shares (replicates where the reader's value is 0 or either "
+               "is undefined left out). Otherwise no interval is shown, and the section says why.")
 
 
 def is_reader(run: Run) -> bool:
@@ -368,52 +373,103 @@ def share(value, reference) -> float | None:
     return 100.0 * value / reference
 
 
+def share_interval(values: list, references: list, level: float = 0.95) -> list[float] | None:
+    """The percentile interval (linear interpolation, as the runs' own) of the replicate-by-replicate ``share`` of
+    ``values`` in ``references`` (two runs' replicates on the same draws), over the replicates where it is defined."""
+    import numpy as np
+
+    shares = [s for s in map(share, values, references) if s is not None]
+    if not shares:
+        return None
+    tail = (1 - level) / 2
+    return [float(q) for q in np.quantile(np.array(shares, dtype=np.float64), [tail, 1 - tail])]
+
+
+def macro_replicates(by_class: dict[str, list]) -> list:
+    """Per replicate the mean over the classes defined in it (None where none is), as a table's ``mean`` interval."""
+    columns = list(zip(*by_class.values()))
+    return [(sum(d) / len(d)) if (d := [v for v in column if v is not None]) else None for column in columns]
+
+
+def draws_problem(run_ci: dict | None, reader_ci: dict | None) -> str | None:
+    """Why two runs' tables have no shared bootstrap draws (``ci.draws``, ``resampling.draws_id``); None where they do."""
+    for ci, whose in ((reader_ci, "the reader run"), (run_ci, "this run")):
+        if not ci or not ci.get("replicates") or not ci.get("draws"):
+            return f"{whose} kept no bootstrap replicates (run with --model.bootstrap N > 0; metrics.json older than ci.draws)"
+    if run_ci["draws"] == reader_ci["draws"]:
+        return None
+    if run_ci.get("units") != reader_ci.get("units"):
+        return (f"not resampled over the same units ({run_ci.get('units')} {run_ci.get('unit', 'unit')}s here, "
+                f"{reader_ci.get('units')} in the reader run): no shared draws")
+    if (run_ci.get("resamples"), run_ci.get("seed")) != (reader_ci.get("resamples"), reader_ci.get("seed")):
+        return (f"other draws (resamples {run_ci.get('resamples')}, seed {run_ci.get('seed')} here; "
+                f"{reader_ci.get('resamples')}, {reader_ci.get('seed')} in the reader run)")
+    return f"not resampled over the same units (as many, {run_ci.get('units')}, but other ones): no shared draws"
+
+
 def against_reader(runs: list[Run]) -> dict:
     """``report.json``'s ``against_reader``: per dataset with a reader run (the first such run where there are
-    several), the reader's own values (``mean``, ``classes`` per finding, ``READER_KEYS``) and per other run with
-    that dataset each value and its ``percent`` of the reader's (``share``); ``intervals`` is None (``READER_NOTE``)."""
+    several), the reader's own values (``mean``, ``classes`` per finding, ``keys``: ``READER_KEYS`` and the cxl keys the
+    reader has) and per other run with that dataset each value, its ``percent`` of the reader's (``share``) and that
+    share's ``ci`` from the same bootstrap draws (``share_interval``; None where there are none: ``draws`` says why)."""
     out = {}
     for dataset in _datasets(runs):
         readers = [r for r in runs if is_reader(r) and dataset in r.metrics["datasets"]]
         if not readers:
             continue
         reader = readers[0].metrics["datasets"][dataset]
+        keys = READER_KEYS + tuple(k for k in READER_CXL_KEYS if reader.get("mean", {}).get(k) is not None)
         findings = list(reader.get("classes", {}))
-        ref = {"mean": {k: reader.get("mean", {}).get(k) for k in READER_KEYS},
-               "classes": {f: {k: reader["classes"][f].get(k) for k in READER_KEYS} for f in findings}}
+        ref = {"mean": {k: reader.get("mean", {}).get(k) for k in keys},
+               "classes": {f: {k: reader["classes"][f].get(k) for k in keys} for f in findings}}
+        reader_ci = reader.get("ci")
         models = {}
         for run in runs:
             if is_reader(run) or dataset not in run.metrics["datasets"]:
                 continue
             table = run.metrics["datasets"][dataset]
+            problem = draws_problem(table.get("ci"), reader_ci)
+            mine, theirs = ({}, {}) if problem else (table["ci"]["replicates"], reader_ci["replicates"])
 
-            def cells(row: dict, reference: dict) -> dict:
-                return {k: {"value": row.get(k), "percent": share(row.get(k), reference[k])} for k in READER_KEYS}
+            def cells(row: dict, reference: dict, finding: str | None) -> dict:
+                out = {}
+                for k in keys:
+                    ci = None
+                    if k in mine and k in theirs:
+                        if finding is None:
+                            ci = share_interval(macro_replicates(mine[k]), macro_replicates(theirs[k]))
+                        elif finding in mine[k] and finding in theirs[k]:
+                            ci = share_interval(mine[k][finding], theirs[k][finding])
+                    out[k] = {"value": row.get(k), "percent": share(row.get(k), reference[k]), "ci": ci}
+                return out
 
-            models[run.name] = {"mean": cells(table.get("mean", {}), ref["mean"]),
-                                "classes": {f: cells(table.get("classes", {}).get(f, {}), ref["classes"][f]) for f in findings}}
-        out[dataset] = {"reader": readers[0].name, "other_readers": [r.name for r in readers[1:]], "keys": list(READER_KEYS),
-                        "reader_values": ref, "models": models, "intervals": None, "note": READER_NOTE}
+            models[run.name] = {"draws": problem or "shared", "mean": cells(table.get("mean", {}), ref["mean"], None),
+                                "classes": {f: cells(table.get("classes", {}).get(f, {}), ref["classes"][f], f) for f in findings}}
+        out[dataset] = {"reader": readers[0].name, "other_readers": [r.name for r in readers[1:]], "keys": list(keys),
+                        "reader_values": ref, "models": models, "note": READER_NOTE}
     return out
 
 
-def _percent(value) -> str:
-    return "–" if value is None else f"{value:.1f}%"
+def _percent(value, ci=None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}%" if ci is None else f"{value:.1f}% [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
 def reader_mean_table(entry: dict) -> tuple[list[str], list[list[str]]]:
-    """Macro means: the reader's values, then per model its value and (its share of the reader's)."""
-    header = ["model", *(SHORT[k] for k in READER_KEYS)]
-    rows = [[f"{entry['reader']} (reader)", *(_cell(entry["reader_values"]["mean"][k]) for k in READER_KEYS)]]
+    """Macro means: the reader's values, then per model its value and (its share of the reader's [interval])."""
+    keys = entry["keys"]
+    header = ["model", *(SHORT[k] for k in keys)]
+    rows = [[f"{entry['reader']} (reader)", *(_cell(entry["reader_values"]["mean"][k]) for k in keys)]]
     for name, cells in entry["models"].items():
-        rows.append([name, *(f"{_cell(cells['mean'][k]['value'])} ({_percent(cells['mean'][k]['percent'])})" for k in READER_KEYS)])
+        rows.append([name, *(f"{_cell(c['value'])} ({_percent(c['percent'], c['ci'])})" for c in map(cells["mean"].get, keys))])
     return header, rows
 
 
 def reader_finding_table(entry: dict, key: str) -> tuple[list[str], list[list[str]]]:
-    """One key per finding: the reader's value, then each model's share of it (% of reader)."""
+    """One key per finding: the reader's value, then each model's share of it (% of reader [interval])."""
     header = ["finding", f"{entry['reader']} (reader)", *(f"{name} % of reader" for name in entry["models"])]
-    rows = [[f, _cell(values[key]), *(_percent(cells["classes"][f][key]["percent"]) for cells in entry["models"].values())]
+    rows = [[f, _cell(values[key]), *(_percent(c["percent"], c["ci"]) for c in (m["classes"][f][key] for m in entry["models"].values()))]
             for f, values in entry["reader_values"]["classes"].items()]
     return header, rows
 
@@ -428,12 +484,13 @@ def reader_section(table: dict) -> tuple[list[str], list[str]]:
         heading = f"{dataset} (reader: {entry['reader']})"
         md += ["", f"### {heading}"]
         doc.append(f"<h3>{html.escape(heading)}</h3>")
-        if entry["other_readers"]:
-            note = f"Other reader runs, not used as the reference here: {', '.join(entry['other_readers'])}."
+        notes = [f"Other reader runs, not used as the reference here: {', '.join(entry['other_readers'])}."] if entry["other_readers"] else []
+        notes += [f"No intervals for {name}: {cells['draws']}." for name, cells in entry["models"].items() if cells["draws"] != "shared"]
+        for note in notes:
             md += ["", note]
             doc.append(f"<p>{html.escape(note)}</p>")
-        parts = [(f"{dataset}: macro means, value (% of reader)", reader_mean_table(entry))]
-        parts += [(f"{dataset}: {SHORT[k]} per finding, % of reader", reader_finding_table(entry, k)) for k in READER_KEYS]
+        parts = [(f"{dataset}: macro means, value (% of reader [95% CI])", reader_mean_table(entry))]
+        parts += [(f"{dataset}: {SHORT[k]} per finding, % of reader [95% CI]", reader_finding_table(entry, k)) for k in entry["keys"]]
         add_tables(md, doc, parts)
     return md, doc
 
