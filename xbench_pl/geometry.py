@@ -2,15 +2,17 @@
 
 Coordinates are continuous pixel coordinates: pixel ``i`` spans ``[i, i + 1)``. Every
 preprocessing a model may ask for (squash, short-side resize + centre crop, letterbox +
-centre crop) is an axis-aligned scale and shift, so one ``affine = (sx, sy, tx, ty)`` per
-sample says where an original point lands in the model input: ``u = sx * x + tx``,
-``v = sy * y + ty``. Saliency is mapped back through that affine onto the evaluation grid,
-an ``E x E`` grid that uniformly covers the whole original image (see ``warp_to_eval_grid``).
+centre crop, letterbox + resize) is an axis-aligned scale and shift, so one
+``affine = (sx, sy, tx, ty)`` per sample says where an original point lands in the model
+input: ``u = sx * x + tx``, ``v = sy * y + ty``. Saliency is mapped back through that affine
+onto the evaluation grid, an ``E x E`` grid that uniformly covers the whole original image
+(see ``warp_to_eval_grid``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import albumentations as A
 import cv2
@@ -36,10 +38,15 @@ class Preprocess:
         ``"letterbox"``: resize the long side to ``canvas``, zero-pad symmetrically to
         ``canvas x canvas`` (odd pad: the extra pixel goes right/bottom), then centre-crop
         ``size x size``.
+        ``"letterbox_resize"``: letterbox to ``canvas x canvas`` as above, then resize that
+        canvas to ``size x size`` with ``interpolation`` and never antialiased (torch's
+        ``F.interpolate``, as torchvision's ``Resize`` on tensors before 0.17): CheXzero stores
+        its images letterboxed at 320 and resizes those tensors to its 224-pixel ViT.
     antialias:
         resample as PIL does (torchvision's ``Resize`` on PIL images): when shrinking, the
         bilinear/bicubic kernel widens with the scale factor. Without it cv2 reads only the
-        nearest 2x2 / 4x4 pixels, and a 2000-pixel X-ray shrunk to 224 aliases.
+        nearest 2x2 / 4x4 pixels, and a 2000-pixel X-ray shrunk to 224 aliases. It applies to
+        the resize of the original image (not to ``letterbox_resize``'s second one).
     """
 
     resize: str = "squash"
@@ -51,10 +58,12 @@ class Preprocess:
     antialias: bool = False
 
     def __post_init__(self) -> None:
-        if self.resize not in ("squash", "crop", "letterbox"):
-            raise ValueError(f"Preprocess.resize must be squash, crop or letterbox, got {self.resize!r}")
+        if self.resize not in ("squash", "crop", "letterbox", "letterbox_resize"):
+            raise ValueError(f"Preprocess.resize must be squash, crop or letterbox (or letterbox_resize), got {self.resize!r}")
         if self.resize == "letterbox" and (self.canvas is None or self.canvas < self.size):
             raise ValueError("Preprocess.resize='letterbox' needs canvas >= size")
+        if self.resize == "letterbox_resize" and (self.canvas is None or self.canvas < 1):
+            raise ValueError("Preprocess.resize='letterbox_resize' needs a positive canvas")
         if self.interpolation not in _INTERPOLATION:
             raise ValueError(f"Preprocess.interpolation must be one of {sorted(_INTERPOLATION)}")
         if self.antialias and self.interpolation not in ("bilinear", "bicubic"):
@@ -75,10 +84,14 @@ class Preprocess:
             new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
         ops: list[A.BasicTransform] = [A.Resize(new_h, new_w, interpolation=_INTERPOLATION[self.interpolation])]
         pad_x = pad_y = 0
-        if self.resize == "letterbox":
+        if self.resize in ("letterbox", "letterbox_resize"):
             pad_x, pad_y = (self.canvas - new_w) // 2, (self.canvas - new_h) // 2
             ops.append(A.Pad(padding=(pad_x, pad_y, self.canvas - new_w - pad_x, self.canvas - new_h - pad_y), fill=0))
             new_h = new_w = self.canvas
+        if self.resize == "letterbox_resize":
+            ops.append(A.Lambda(image=partial(resize_tensor, size=size, mode=self.interpolation)))
+            zoom = size / self.canvas
+            return ops, (ops[0].width / width * zoom, ops[0].height / height * zoom, pad_x * zoom, pad_y * zoom)
         crop_x = int(round((new_w - size) / 2.0))
         crop_y = int(round((new_h - size) / 2.0))
         if (new_h, new_w) != (size, size):
@@ -101,6 +114,11 @@ class Preprocess:
         mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
         return (rgb - mean) / std, torch.tensor(affine, dtype=torch.float64)
+
+
+def resize_tensor(image: np.ndarray, size: int, mode: str, **_) -> np.ndarray:
+    """``[H, W]`` float image resized to ``size x size`` by torch, without antialiasing."""
+    return F.interpolate(torch.from_numpy(image)[None, None], size=(size, size), mode=mode)[0, 0].numpy()
 
 
 def eval_pixel_centres(original_size: torch.Tensor, eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """CLIP, BiomedCLIP and any other open_clip model, from local files only.
 
 Architecture: ``architecture`` names a config shipped in ``xbench_pl/models/configs``
-(``clip-ViT-B-16``, ``biomedclip``), an open_clip built-in name (``ViT-B-32``), a JSON file
+(``clip-ViT-B-16``, ``biomedclip``, ``chexzero``), an open_clip built-in name (``ViT-B-32``), a JSON file
 (an open_clip model config, or an ``open_clip_config.json`` with ``model_cfg`` and
 ``preprocess_cfg``) or a folder holding ``open_clip_config.json``. A Hugging Face text tower
 (``text_cfg.hf_model_name``) is built from a local folder with its ``config.json``: the name
@@ -19,8 +19,15 @@ and mis-shaped keys.
 
 Scores: unit image embedding (the tower's pooled output) against the unit text embedding of
 each class's positive and negative prompts, times the model's ``logit_scale``, softmax over
-the pair: ``p = softmax(s * [cos_pos, cos_neg])[0]`` (``score="softmax"``); or
-``(1 + cos_pos) / 2`` (``score="cosine"``, no negative prompt needed).
+the pair: ``p = softmax(s * [cos_pos, cos_neg])[0]`` (``score="softmax"``); the same softmax
+over the raw cosines, without the scale (``score="softmax_cosine"``: CheXzero's
+``run_softmax_eval``, ``exp(cos_pos) / (exp(cos_pos) + exp(cos_neg))``); or ``(1 + cos_pos) / 2``
+(``score="cosine"``, no negative prompt needed).
+
+Preprocessing: ``preprocess_cfg`` as open_clip reads it (``resize_mode``, ``interpolation``,
+``mean``, ``std``), plus one key of ours: ``canvas`` (with ``resize_mode: "longest"``) letterboxes
+the image to ``canvas x canvas`` first and then resizes that canvas to the input side without
+antialiasing (``Preprocess(resize="letterbox_resize")``, CheXzero's 320 -> 224).
 
 Saliency: the patch tokens after the tower's final norm, through the same projection as the
 pooled token (``visual.proj`` for open_clip ViTs, whose ``output_tokens`` are unprojected;
@@ -155,10 +162,15 @@ def preprocess_for(model: nn.Module, preprocess_cfg: dict) -> Preprocess:
     if resize_mode not in RESIZE_MODES:
         raise ValueError(f"unsupported preprocess resize_mode {resize_mode!r}; known: {sorted(RESIZE_MODES)}")
     resize = RESIZE_MODES[resize_mode]
+    canvas = int(height) if resize == "letterbox" else None
+    if "canvas" in preprocess_cfg:  # ours: letterbox to the canvas, then resize it to the input (CheXzero)
+        if resize != "letterbox":
+            raise ValueError(f"preprocess canvas needs resize_mode 'longest', got {resize_mode!r}")
+        resize, canvas = "letterbox_resize", int(preprocess_cfg["canvas"])
     return Preprocess(
         resize=resize,
         size=int(height),
-        canvas=int(height) if resize == "letterbox" else None,
+        canvas=canvas,
         interpolation=preprocess_cfg.get("interpolation", "bicubic"),
         mean=tuple(preprocess_cfg.get("mean", open_clip.OPENAI_DATASET_MEAN)),
         std=tuple(preprocess_cfg.get("std", open_clip.OPENAI_DATASET_STD)),
@@ -210,7 +222,7 @@ def check_patch_tokens(visual: nn.Module) -> None:
 
 
 #: how an image-prompt similarity becomes a score (``OpenCLIPModel.__init__``)
-ScoreMode = Literal["softmax", "cosine"]
+ScoreMode = Literal["softmax", "softmax_cosine", "cosine"]
 
 
 class OpenCLIPModel(ZeroShotModel):
@@ -223,7 +235,8 @@ class OpenCLIPModel(ZeroShotModel):
             the checkpoint folder). Built-in CLIP text towers use open_clip's bundled BPE.
         positive, negative: prompt template(s) per polarity (``{}`` / ``{finding}`` = finding
             name); a list is a prompt ensemble. ``negative=None`` needs ``score="cosine"``.
-        score: ``"softmax"`` over the prompt pair, or ``"cosine"``.
+        score: ``"softmax"`` over the prompt pair (cosines times the model's logit scale),
+            ``"softmax_cosine"`` (raw cosines, CheXzero's protocol) or ``"cosine"``.
         text_batch_size: prompts per text-encoder forward when building the embedding cache.
         random_init: allow running without weights (tests, smoke runs).
         image_size: input side in pixels (default: the architecture's). The ViT's position
@@ -253,10 +266,10 @@ class OpenCLIPModel(ZeroShotModel):
     ):
         super().__init__(**kwargs)
         if score not in get_args(ScoreMode):
-            raise ValueError(f"score must be 'softmax' or 'cosine', got {score!r}")
+            raise ValueError(f"score must be one of {list(get_args(ScoreMode))}, got {score!r}")
         self.prompts = PromptSet(as_templates(positive), as_templates(negative))
-        if score == "softmax" and not self.prompts.negative:
-            raise ValueError("score='softmax' needs negative prompt template(s)")
+        if score != "cosine" and not self.prompts.negative:
+            raise ValueError(f"score={score!r} needs negative prompt template(s)")
         if checkpoint is None and not random_init:
             raise ValueError(f"{type(self).__name__}({architecture!r}) needs checkpoint=: {LOCAL_FILES_HINT}")
         checkpoint_file = None if checkpoint is None else find_checkpoint(checkpoint)
@@ -335,6 +348,8 @@ class OpenCLIPModel(ZeroShotModel):
             similarity = torch.einsum("bd,cpd->bcp", image, text)
             if self.score == "softmax":
                 scores = (self.model.logit_scale.float().exp() * similarity).softmax(dim=-1)[..., 0]
+            elif self.score == "softmax_cosine":
+                scores = similarity.softmax(dim=-1)[..., 0]
             else:
                 scores = (similarity[..., 0] + 1) / 2
             saliency = torch.einsum("bhwd,cd->bchw", F.normalize(patches.float(), dim=-1), text[:, 0])
