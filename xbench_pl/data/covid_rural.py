@@ -22,6 +22,12 @@ Default evaluation set: every non-empty mask: **at most 193 images** (193 masks 
 are empty; not counted here on the real download). There is no official split; ``split_file``
 restricts it (LoVT uses 60/20/20 by patient).
 
+Subgroups (``--model.groups``): sex and age from ``root/covid_rural_patient_info.csv`` (columns ``PATIENT_ID``,
+e.g. ``COVID-19-AR-16434409``, the image stem before its first ``_``; ``AGE`` in years; ``SEX`` ``M``/``F``), as
+listed in ``docs/reference/datasets.md`` and in the annotation repository's file; a patient absent from it, or a
+download without it, is ``unknown`` (counted, never guessed). ``view`` is always ``unknown``: neither the JPEGs nor
+the CSV record AP/PA. The image stays the bootstrap unit (no ``patient_id`` is set).
+
 Bad input: an undecodable mask, a LabelMe JSON that is not an object with a ``shapes`` list,
 a shape with an unknown label, a non-polygon opacity shape or malformed points is an error
 naming the file and row (``shape <n>``), or a counted skip with ``on_error='skip'``; a missing
@@ -30,12 +36,14 @@ JPEG and a mask whose size differs from its JPEG are caught by the setup image c
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Literal, get_args
 
 from xbench_pl.data.annotations import MaskFile, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchDataModule
 from xbench_pl.data.errors import DataError
+from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 
@@ -43,6 +51,8 @@ from xbench_pl.data.vocabulary import canonical, dataset_classes
 ANATOMY_LABELS = ("left_lung", "right_lung", "lung")
 RegionSource = Literal["masks", "polygons"]
 REGION_SOURCES = get_args(RegionSource)
+#: the patients' metadata beside the annotations (subgroups: sex, age)
+PATIENT_INFO = "covid_rural_patient_info.csv"
 
 
 class COVIDRuralDataModule(XBenchDataModule):
@@ -69,15 +79,29 @@ class COVIDRuralDataModule(XBenchDataModule):
         if not files:
             raise DataError(folder, f"no COVID-19 Rural {self.regions} found")
         read = self.read_mask if self.regions == "masks" else self.read_labelme
+        patients = self.read_patient_info()
         records = []
         for file in files:
             regions = read(file)
             if regions:
-                record = Record(file.stem, self.root / "jpgs" / f"{file.stem}.jpg", {OPACITY: 1}, {}, str(file))
+                record = Record(file.stem, self.root / "jpgs" / f"{file.stem}.jpg", {OPACITY: 1}, {}, str(file),
+                                groups=patients.get(file.stem.split("_")[0], {}))
                 for index, region in regions:
                     record.add_region(OPACITY, region, file, index)
                 records.append(record)
         return records
+
+    def read_patient_info(self) -> dict[str, dict[str, str]]:
+        """Per ``PATIENT_ID`` of ``covid_rural_patient_info.csv`` its subgroups (sex, age; view unknown); none without the file."""
+        path = self.root / PATIENT_INFO
+        if not path.is_file():
+            return {}
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            missing = {"PATIENT_ID", "AGE", "SEX"} - set(reader.fieldnames or ())
+            if missing:
+                raise DataError(path, f"missing column(s) {', '.join(sorted(missing))}")
+            return {row["PATIENT_ID"].strip(): metadata_groups(sex=row["SEX"] or None, age=row["AGE"] or None) for row in reader}
 
     def read_mask(self, file: Path) -> list[tuple[str | None, Region]]:
         mask = MaskFile(file)
