@@ -35,9 +35,9 @@ transformers 4 DINOv2 attention names ``attention.attention.query`` ... to trans
 processor of XrayDINOv2 as a ``BlipImageProcessor`` (their ``segmentation_utils`` treats it as one)
 resized to 518 x 518 by their ``adapt_img_size``: PIL bicubic squash resize, OpenAI-CLIP mean/std; and
 the two towers' hub configs (``configs/hf/``; the DINOv2's 224 px position grid is interpolated to
-37 x 37 at every forward). ``release_fixes``: their GitHub ``compute_logits`` reads
-``compute_i2t_loss``, which their loss never sets (an ``AttributeError`` in the release); the t2i
-logits alone are what it can mean (their loss computes no i2t term).
+37 x 37 at every forward). Not copied: their GitHub ``compute_logits`` reads ``compute_i2t_loss``,
+which their loss never sets (an ``AttributeError`` in the release); the t2i logits alone are what it
+can mean (their loss computes no i2t term), and are what this model computes.
 
 Deviation kept on purpose: none in the numbers. The DINOv2 position embeddings are interpolated as
 transformers 4.39 (the authors' pin) does, with a *scale factor* ``(grid + 0.1) / 16`` (bicubic); since
