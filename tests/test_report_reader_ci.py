@@ -13,6 +13,8 @@ from xbench_pl.commands import main as cli_main
 from xbench_pl.metrics.benchmark import BenchmarkMetrics
 from xbench_pl.metrics.functional import bootstrap_weights
 from xbench_pl.metrics.resampling import image_key
+from xbench_pl.outputs import read_metrics
+from xbench_pl.report import write_report
 
 CLASSES = ["Nodule", "Mass"]
 KEYS = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -47,8 +49,11 @@ def table(x, maps: str, images: list[int]) -> dict:
 
 
 def write(folder, model, tables: dict) -> None:
-    folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"model": model, "datasets": tables, "config": {}}))
+    """As ``test`` writes a run: the replicates apart from metrics.json, in replicates.json."""
+    write_report({"model": model, "datasets": tables, "config": {}}, folder)
+    assert "replicates" not in (folder / "metrics.json").read_text() and (folder / "replicates.json").is_file()
+    restored = read_metrics(folder)["datasets"]
+    assert json.dumps(restored, sort_keys=True) == json.dumps(tables, sort_keys=True)
 
 
 def pair_values(x, maps: str) -> np.ndarray:

@@ -9,6 +9,7 @@ record goes to a fallback file, which the error names.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -85,3 +86,39 @@ def write_results(out: str | Path, files: Mapping[str, str]) -> Path:
             raise OutputError(f"{reason}; nor a fallback file ({fallback_error}): {name} is printed above") from error
         raise OutputError(f"{reason}; the results are saved in {fallback}") from error
     return out
+
+
+#: beside metrics.json: each table's bootstrap replicates (``ci.replicates``), by table path (``split_replicates``)
+REPLICATES_FILE = "replicates.json"
+
+
+def split_replicates(report: dict) -> tuple[dict, dict]:
+    """``report`` without its tables' ``ci.replicates`` (thousands of numbers a table, for ratios between runs: the
+    report's % of reader), and those replicates by the path of their table (``"datasets/NAME"``, ``.../by_group/G/V``)."""
+    kept: dict[str, dict] = {}
+
+    def without(node, path: str):
+        if not isinstance(node, dict):
+            return node
+        ci = node.get("ci")
+        if isinstance(ci, dict) and "replicates" in ci:
+            kept[path] = ci["replicates"]
+            node = {**node, "ci": {k: v for k, v in ci.items() if k != "replicates"}}
+        return {k: without(v, f"{path}/{k}" if path else k) for k, v in node.items()}
+
+    return without(report, ""), kept
+
+
+def read_metrics(folder: str | Path) -> dict:
+    """A run's ``metrics.json`` with its tables' replicates put back from ``REPLICATES_FILE`` where it was written."""
+    folder = Path(folder)
+    report = json.loads((folder / "metrics.json").read_text())
+    sidecar = folder / REPLICATES_FILE
+    if sidecar.is_file():
+        for path, replicates in json.loads(sidecar.read_text()).items():
+            node = report
+            for key in path.split("/"):
+                node = node.get(key, {}) if isinstance(node, dict) else {}
+            if isinstance(node.get("ci"), dict):
+                node["ci"]["replicates"] = replicates
+    return report

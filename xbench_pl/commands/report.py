@@ -41,7 +41,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.outputs import check_writable
+from xbench_pl.outputs import check_writable, read_metrics
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -116,7 +116,7 @@ def find_runs(folders: list[str]) -> list[Run]:
         else:
             raise FileNotFoundError(f"{folder}: no metrics.json (nor runs/*/metrics.json of a sweep); "
                                     "give folders written by test --out or sweep --out")
-    metrics = [json.loads((f / "metrics.json").read_text()) for f in found]
+    metrics = [read_metrics(f) for f in found]
     runs = [Run(run_label(m), f, m) for f, m in zip(found, metrics)]
     names = [r.name for r in runs]
     for run in runs:
