@@ -233,3 +233,19 @@ def test_cli_refuses_other_sizes_in_one_line(files, tmp_path):
     result = in_process("test", "--model", "radzero", "--model.random_init", "true", "--model.tokenizer", files["release"],
                         "--model.image_size", "224", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode != 0 and "RadZero cannot run at image_size=224" in result.stderr
+
+
+# -- explainers ------------------------------------------------------------------------------------
+def test_gradcam_explains_the_dinov2_tower_and_rollout_refuses_in_one_line(files):
+    model = RadZero(files["architecture"], checkpoint=files["release"], explainer="gradcam")
+    assert model.explainer_info["target_layer"] == f"image.encoder.layer.{len(model.image.encoder.layer) - 1}.norm1"
+    images = torch.randn(2, 3, model.preprocess.size, model.preprocess.size, generator=torch.Generator().manual_seed(0))
+    classes = ["Pneumothorax", "small left apical pneumothorax"]
+    native = model.zero_shot(images, classes)
+    explained = model.explained(images, classes)
+    assert explained.saliency.shape == (2, 2, *model.grid)
+    assert torch.allclose(explained.scores, native.scores, atol=1e-5)
+    assert not torch.allclose(explained.saliency, native.saliency)
+    for name in ("rollout", "chefer"):
+        with pytest.raises(ValueError, match="do not record in this model's ViT"):
+            RadZero(files["architecture"], checkpoint=files["release"], explainer=name)

@@ -86,6 +86,9 @@ class RelevanceExplainer:
                              "(e.g. --model.explainer gradcam) or chefer")
         if name == "chefer" and tower.kind != "vit" and not has_decoder:
             raise ValueError("chefer follows attention; this model has neither a ViT image tower nor a query decoder")
+        if tower.kind == "vit" and not tower.blocks and not (name == "chefer" and has_decoder):
+            raise ValueError(f"{name} follows attention, which explainers do not record in this model's ViT "
+                             f"({type(tower.module).__name__}): use a CAM (e.g. --model.explainer gradcam)")
         self.name, self.tower = name, tower
         self.layer = "decoder" if name == "chefer" and has_decoder else tower.path
 

@@ -2,7 +2,8 @@
 
 A tower is found by type under the model's ``IMAGE_TOWER`` path: xbench_pl's ``ResNetPatches``
 (MedKLIP, MAVL, KAD) and ``ViTPatches`` (CARZero, DeViDe), open_clip's ``VisionTransformer`` (CLIP)
-and open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP). ``Tower`` gives the default CAM layer
+open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP) and transformers' ``Dinov2Model`` (RadZero; CAMs only: its
+attention sites are not recorded, so rollout and chefer refuse it). ``Tower`` gives the default CAM layer
 (the last ResNet stage; a ViT's last block's first norm, whose tokens every later step reads),
 the patch grid, and, for ViTs, ``recorded_attention``: each block's attention probabilities
 ``[B, heads, T, T]``, computed explicitly so that they are part of the autograd graph (the fused
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer
 from torch import nn
+from transformers import Dinov2Model
 
 from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
 from xbench_pl.models.layers.query_decoder import QueryDecoder
@@ -59,8 +61,11 @@ def image_tower(model: nn.Module) -> Tower:
         blocks = list(module.trunk.blocks)
         return Tower(path, module, "vit", f"{path}.trunk.blocks.{len(blocks) - 1}.norm1",
                      tuple(module.trunk.patch_embed.grid_size), [block.attn for block in blocks])
+    if isinstance(module, Dinov2Model):  # RadZero: its attention is transformers' own, not recorded (CAMs only)
+        side = model.preprocess.size // module.config.patch_size
+        return Tower(path, module, "vit", f"{path}.encoder.layer.{len(module.encoder.layer) - 1}.norm1", (side, side), [])
     raise ValueError(f"{type(model).__name__} has no image tower an explainer knows (ResNetPatches, ViTPatches, open_clip "
-                     f"VisionTransformer or timm ViT trunk) at {path!r}: use --model.explainer native")
+                     f"VisionTransformer, timm ViT trunk or transformers Dinov2Model) at {path!r}: use --model.explainer native")
 
 
 def query_decoder(model: nn.Module) -> QueryDecoder | None:
