@@ -87,8 +87,12 @@ def test_scores_and_maps_equal_the_authors(models, reference, variant):
     assert torch.equal(tokens["input_ids"], reference["input_ids"])  # CXR-BERT-layout ids: [CLS] = 2, [SEP] = 3
     text = F.normalize(model.encode_text(reference["prompts"]), dim=-1)
     assert (text - reference["text_embeddings"]).abs().max() <= 1e-6
-    out = model.zero_shot(ref.reference_images(), list(ref.CLASSES))
+    images = ref.reference_images()
+    out = model.zero_shot(images, list(ref.CLASSES))
     theirs = reference[variant]
+    with torch.no_grad():
+        image = F.normalize(model.visual(images).mean(dim=(2, 3)), dim=-1)  # their projected_global_embedding, normalised
+    assert (image - theirs["global_embeddings"]).abs().max() <= 1e-6
     assert out.saliency.shape == theirs["maps"].shape == (2, 4, 6, 6)
     assert (out.scores - theirs["scores"]).abs().max() <= 1e-5
     assert (out.saliency - theirs["maps"]).abs().max() <= 1e-6
