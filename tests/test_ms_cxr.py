@@ -84,12 +84,15 @@ def ids(dm) -> list[str]:
 def test_records_equal_a_direct_read_of_the_csv(demo):
     expected: dict[str, dict] = {}
     phrase_of: dict[tuple[str, str], str] = {}
+    image_categories: dict[str, dict[str, int]] = {}  # labels: every category the image's phrases name
+    for row in read_rows(demo):
+        image_categories.setdefault(row["dicom_id"], {})[row["category_name"]] = 1
     for line, row in enumerate(read_rows(demo), start=2):
         key = (row["dicom_id"], row["label_text"])
         if key not in phrase_of:
             n = sum(dicom == row["dicom_id"] for dicom, _ in phrase_of)
             phrase_of[key] = f"{row['dicom_id']}#{n}"
-            expected[phrase_of[key]] = {"path": demo / row["path"], "labels": {row["category_name"]: 1},
+            expected[phrase_of[key]] = {"path": demo / row["path"], "labels": image_categories[row["dicom_id"]],
                                         "queries": {row["category_name"]: row["label_text"]}, "boxes": [],
                                         "patient": row["path"].split("/")[2], "rows": []}
         x, y, w, h = (float(row[c]) for c in "xywh")
@@ -98,15 +101,16 @@ def test_records_equal_a_direct_read_of_the_csv(demo):
     dm = datamodule(demo)
     dm.setup()
     got = {r.image_id: {"path": r.path, "labels": r.labels, "queries": r.queries,
-                        "boxes": r.regions[next(iter(r.labels))], "patient": r.patient_id,
-                        "rows": [row for _, row in r.region_sources[next(iter(r.labels))]]} for r in dm.test_set.records}
+                        "boxes": r.regions[next(iter(r.queries))], "patient": r.patient_id,
+                        "rows": [row for _, row in r.region_sources[next(iter(r.queries))]]} for r in dm.test_set.records}
     assert got == expected and ids(dm) == list(expected)  # and in csv order
     assert dm.classes == MS_CXR_ORDER and dm.problems == []
     # the demo's shape, as DEMO_IMAGES says: 13 phrases on 10 images, one phrase with two boxes, a patient with two studies
     assert len(got) == 13 and len({i.split("#")[0] for i in got}) == 10
     assert [len(g["boxes"]) for g in got.values()].count(2) == 1
     assert len({g["patient"] for g in got.values()}) == 9 and all(g["patient"].startswith("p1") for g in got.values())
-    assert {c for g in got.values() for c in g["labels"]} == set(MS_CXR_ORDER)
+    assert {c for g in got.values() for c in g["queries"]} == set(MS_CXR_ORDER)
+    assert sum(len(g["labels"]) > 1 for g in got.values()) == 4  # two images with phrases of two categories: 2 records each
 
 
 def test_demo_datamodule_reads_the_generated_folder(demo):
@@ -119,7 +123,7 @@ def test_phrases_of_one_image_are_numbered_in_csv_order(demo):
     by_id = {r.image_id: r for r in records(demo)}
     two = [i for i in by_id if i.endswith("#1")]
     assert len(two) == 3 and all(f"{i[:-2]}#0" in by_id for i in two)
-    same_category = [i for i in two if by_id[i].labels == by_id[f"{i[:-2]}#0"].labels]
+    same_category = [i for i in two if by_id[i].queries.keys() == by_id[f"{i[:-2]}#0"].queries.keys()]
     assert len(same_category) == 1  # two Pleural Effusion phrases on one image: two records, two queries
     first, second = by_id[f"{same_category[0][:-2]}#0"], by_id[same_category[0]]
     assert (first.queries["Pleural Effusion"], second.queries["Pleural Effusion"]) == (
@@ -129,6 +133,7 @@ def test_phrases_of_one_image_are_numbered_in_csv_order(demo):
 def test_classes_restrict_the_phrases(demo):
     kept = records(demo, classes=["Pleural Effusion", "Edema"])
     assert sorted({c for r in kept for c in r.labels}) == ["Edema", "Pleural Effusion"] and len(kept) == 5
+    assert all(set(r.labels) >= set(r.queries) for r in kept)
 
 
 def test_csv_and_image_root_can_be_given_apart(demo, tmp_path):
@@ -152,7 +157,7 @@ def test_a_batch_carries_each_samples_phrase(demo):
     assert batch.original_size.tolist() == [[576, 512]] * len(wanted)
     # each sample's region is its phrase's class, and the model grounds the phrase in place of that class name
     assert [(int(b), dm.classes[int(c)]) for b, c in batch.region_index] == [
-        (b, next(iter(r.labels))) for b, r in enumerate(wanted)]
+        (b, next(iter(r.queries))) for b, r in enumerate(wanted)]
     for texts, samples in batch.query_texts():
         for b in samples.tolist():
             (category, phrase), = wanted[b].queries.items()
@@ -331,4 +336,4 @@ def test_duplicate_row_is_dropped_and_recorded(root):
     dm.setup()
     assert len(dm.test_set) == 13
     assert [(p.row, p.action) for p in dm.problems] == [(str(len(rows) + 2), "deduplicated")]
-    assert [len(r.regions[next(iter(r.labels))]) for r in dm.test_set.records].count(2) == 1  # not a third box
+    assert [len(r.regions[next(iter(r.queries))]) for r in dm.test_set.records].count(2) == 1  # not a third box

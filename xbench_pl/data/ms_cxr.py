@@ -19,9 +19,10 @@ Items: one ``Record`` per (image, phrase): 1,162 pairs in MS-CXR as published (B
 Rows with the same ``dicom_id`` and ``label_text`` are one phrase, whose boxes are united into one region. Its id is
 ``<dicom_id>#<n>``, ``n`` counting (from 0) that image's phrases in order of their first row in the
 csv: stable for one csv file (a split file lists these ids), but another MS-CXR version may number
-them differently. Per record: ``labels = {category: 1}`` (the phrase's category alone: an image with
-phrases of two categories is two records, each negative for the other's category), ``regions`` the
-phrase's boxes, ``queries = {category: label_text}`` (what a model grounds, ``Batch.query_texts``),
+them differently. Per record: ``labels`` 1 for every category the image's phrases name (an image with
+phrases of two categories is two records, each positive for both; recognition keys therefore count such an
+image once per phrase: MS-CXR measures grounding), ``regions`` the phrase's boxes under its own category alone,
+``queries = {category: label_text}`` (what a model grounds, ``Batch.query_texts``),
 ``patient_id`` the MIMIC subject folder of ``path`` (``pNNNNNNNN``), so bootstrap and ``fit`` resample
 and split by patient, keeping an image's phrases together.
 
@@ -49,6 +50,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 from PIL import Image
@@ -65,6 +67,8 @@ from xbench_pl.data.vocabulary import canonical
 MS_CXR_CLASSES = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Lung Opacity", "Pleural Effusion",
                   "Pneumonia", "Pneumothorax")
 CSV_PATTERN = "MS_CXR_Local_Alignment_v*.csv"
+#: what a phrase's region is queried by (``MSCXRDataModule(queries=...)``)
+QueryTexts = Literal["phrases", "names"]
 COLUMNS = ("dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h", "image_width", "image_height")
 SUBJECT = re.compile(r"p\d+")  # MIMIC-CXR subject folder: files/pNN/<subject>/sNNNNNNNN/<dicom_id>.jpg
 #: the end of the reason for a bad row: what ``on_error="skip"`` does
@@ -131,14 +135,21 @@ class MSCXRDataModule(XBenchDataModule):
         csv: the csv to read instead of the one found in ``root``.
         image_root: the MIMIC-CXR-JPG folder the csv's ``path`` is relative to (holding ``files/``);
             default ``root`` (without one, the csv's folder).
+        queries: what a model grounds for each phrase's region: ``phrases`` (the radiologist's phrase, MS-CXR's
+            protocol) or ``names`` (its category's name, prompted as for any class-name dataset: the sweep
+            ``sweeps/phrases_x_models.yaml`` compares the two).
         **kwargs: ``XBenchDataModule`` arguments.
     """
 
     name = "ms_cxr"
     default_classes = MS_CXR_CLASSES
 
-    def __init__(self, root: str | None = None, csv: str | None = None, image_root: str | None = None, **kwargs):
+    def __init__(self, root: str | None = None, csv: str | None = None, image_root: str | None = None,
+                 queries: QueryTexts = "phrases", **kwargs):
         super().__init__(root=root, **kwargs)
+        if queries not in get_args(QueryTexts):
+            raise ValueError(f"queries must be 'phrases' or 'names', got {queries!r}")
+        self.queries = queries
         self.csv = None if csv is None else Path(csv)
         self.image_root = None if image_root is None else Path(image_root)
         # image id -> (width, height) the csv gives, and the row giving it; checked against the image at setup
@@ -185,15 +196,19 @@ class MSCXRDataModule(XBenchDataModule):
                 continue
             phrases.setdefault(key, []).append(parsed)
         self.declared_sizes, self.wrong_size = {}, set()
+        image_labels: dict[str, dict[str, int]] = {}  # each image's findings: those its kept phrases name
+        for key, rows in phrases.items():
+            if key not in broken and rows and rows[0].category in self.classes:
+                image_labels.setdefault(key[0], {})[rows[0].category] = 1
         records, count = [], {}
         for key, rows in phrases.items():
             n = count[key[0]] = count.get(key[0], -1) + 1
             if key in broken or not rows or rows[0].category not in self.classes:
                 continue
             first = rows[0]
-            record = Record(phrase_id(first.dicom_id, n), image_root / first.path, {first.category: 1}, {},
+            record = Record(phrase_id(first.dicom_id, n), image_root / first.path, image_labels[first.dicom_id], {},
                             f"{path}, row {first.row}", patient_id=subject_of(first.path),
-                            queries={first.category: first.text})
+                            queries={first.category: first.text if self.queries == "phrases" else first.category})
             for parsed in rows:
                 record.add_region(parsed.category, parsed.box, path, parsed.row)
             self.declared_sizes[record.image_id] = (first.size, path, first.row)
