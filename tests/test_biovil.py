@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import biovil_reference as ref  # noqa: E402
 from test_cli import in_process  # noqa: E402
-from xbench_pl.models.biovil import BioViL, BioViLImage, ResizeCrop, checkpoint_filter_fn, rename_image_key, smooth  # noqa: E402
+from xbench_pl.geometry import Preprocess  # noqa: E402
+from xbench_pl.models.biovil import BioViL, BioViLImage, checkpoint_filter_fn, rename_image_key, smooth  # noqa: E402
 from xbench_pl.models.checkpoints import CheckpointError  # noqa: E402
 from xbench_pl.models.layers.cxr_bert import CXRBert  # noqa: E402
 
@@ -119,7 +120,7 @@ def test_transform_is_resize_512_and_centre_crop(variant, crop):
     from PIL import Image
 
     config = json.loads((CONFIGS / f"{variant}.json").read_text())["preprocess"]
-    preprocess = ResizeCrop(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+    preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     grey = (ref.reference_images(seed=3, batch=1, size=700)[0, 0, :, 100:690] * 255).round().to(torch.uint8)  # 700 x 590
     theirs = torchvision.Compose([torchvision.Resize(512), torchvision.CenterCrop(crop), torchvision.ToTensor()])(
         Image.fromarray(grey.numpy()))

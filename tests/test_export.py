@@ -84,12 +84,18 @@ def test_the_preprocess_is_found_from_the_affines():
         shard["affine"] = torch.tensor([preprocess.plan(*s)[1] for s in sizes], dtype=torch.float64)
         return [(shard, [0, 1])]
 
+    sizes = [[300, 200], [250, 410]]
     for config in ({"resize": "crop", "size": 56}, {"resize": "letterbox", "size": 56, "canvas": 64},
-                   {"resize": "squash", "size": 224}):
-        assert infer_preprocess(shards_for(Preprocess(**config), [[300, 200], [250, 410]])) == config
-    mixed = shards_for(Preprocess("crop", 56), [[300, 200], [250, 410]])
+                   {"resize": "squash", "size": 224}, {"resize": "crop", "size": 48, "canvas": 60}):
+        assert infer_preprocess(shards_for(Preprocess(**config), sizes)) == config
+    # CheXzero's letterbox_resize: its canvas cancels in the affine but for rounding; the one found gives every affine
+    shards = shards_for(Preprocess("letterbox_resize", 56, 80), sizes)
+    found = infer_preprocess(shards)
+    assert found["resize"] == "letterbox_resize" and found["canvas"] <= 80
+    assert [list(Preprocess(**found).plan(*s)[1]) for s in sizes] == shards[0][0]["affine"].tolist()
+    mixed = shards_for(Preprocess("crop", 56), sizes)
     mixed[0][0]["affine"][1] = torch.tensor(Preprocess("squash", 56).plan(250, 410)[1])
-    with pytest.raises(StoreError, match="no single squash, crop or letterbox"):
+    with pytest.raises(StoreError, match="no single squash, crop, letterbox or letterbox_resize"):
         infer_preprocess(mixed)
 
 

@@ -7,7 +7,8 @@
   store's as float32, which holds it exactly);
 * ``OUT/scores.csv``: ``image_id,finding,score``, each float64 score written to round-trip exactly;
 * ``OUT/preprocess.json``: the ``geometry.Preprocess`` (``resize``, ``size``, ``canvas``) that gives
-  every stored image's affine exactly (``infer_preprocess``): the maps span that model input.
+  every stored image's affine exactly (``infer_preprocess``): the maps span that model input. For
+  ``letterbox_resize`` (CheXzero) the affine does not fix the canvas: the smallest that gives every affine.
 
 ``cheXlocalize``: CheXlocalize's layout, ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), a plain
 dict as theirs: ``map`` (float32 tensor ``[1, 1, S, S]`` spanning the whole original image, so their
@@ -30,6 +31,7 @@ from __future__ import annotations
 import csv
 import json
 import pickle
+from itertools import chain
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -67,17 +69,33 @@ def infer_preprocess(shards: list[tuple[dict, list[int]]]) -> dict:
     size = sizes.pop()
     shard, rows = shards[0]
     (height, width), affine = shard["original_size"][rows[0]].tolist(), shard["affine"][rows[0]].tolist()
-    canvas = round(affine[0] * width) if width >= height else round(affine[1] * height)
+    long_side = round(affine[0] * width) if width >= height else round(affine[1] * height)  # letterbox's canvas
+    short_side = round(affine[0] * width) if width <= height else round(affine[1] * height)  # crop's canvas
     candidates = [{"resize": "squash", "size": size}, {"resize": "crop", "size": size}]
-    if canvas >= size:
-        candidates.append({"resize": "letterbox", "size": size, "canvas": canvas})
-    for config in candidates:
+    if short_side > size:
+        candidates.append({"resize": "crop", "size": size, "canvas": short_side})
+    if long_side >= size:
+        candidates.append({"resize": "letterbox", "size": size, "canvas": long_side})
+    # letterbox_resize's zoom cancels its canvas in the affine but for rounding: the smallest canvas that gives every
+    # affine (the same numbers from score --maps; the model's own canvas may be another)
+    candidates = chain(candidates, ({"resize": "letterbox_resize", "size": size, "canvas": c}
+                                    for c in range(1, 2 * max(height, width) + 1)
+                                    if affine_of(Preprocess("letterbox_resize", size, c), height, width) == affine))
+
+    def fits(config: dict) -> bool:
         preprocess = Preprocess(**config)
-        if all(list(preprocess.plan(*shard["original_size"][r].tolist())[1]) == shard["affine"][r].tolist()
-               for shard, rows in shards for r in rows):
-            return config
-    raise StoreError("the store's affines come from no single squash, crop or letterbox Preprocess of side "
-                     f"{size}: export --to cheXlocalize instead (maps resampled over the whole image)")
+        return all(affine_of(preprocess, *shard["original_size"][r].tolist()) == shard["affine"][r].tolist()
+                   for shard, rows in shards for r in rows)
+
+    found = next((config for config in candidates if fits(config)), None)
+    if found is None:
+        raise StoreError("the store's affines come from no single squash, crop, letterbox or letterbox_resize Preprocess "
+                         f"of side {size}: export --to cheXlocalize instead (maps resampled over the whole image)")
+    return found
+
+
+def affine_of(preprocess: Preprocess, height: int, width: int) -> list[float]:
+    return list(preprocess.plan(height, width)[1])
 
 
 def _folder_name(text: str, what: str) -> PurePosixPath:

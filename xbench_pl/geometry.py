@@ -32,9 +32,9 @@ class Preprocess:
 
     resize:
         ``"squash"``: resize the whole image to ``size x size`` (aspect ratio not kept).
-        ``"crop"``: resize the short side to ``size`` (long side truncated, as torchvision's
-        ``Resize(int)``), then centre-crop ``size x size`` (offset rounded, as torchvision's
-        ``CenterCrop``); the image outside the central square is not seen.
+        ``"crop"``: resize the short side to ``canvas`` (default ``size``; long side truncated, as
+        torchvision's ``Resize(int)``), then centre-crop ``size x size`` (offset rounded, as torchvision's
+        ``CenterCrop``); the image outside the central square is not seen (BioViL: 512, then 480).
         ``"letterbox"``: resize the long side to ``canvas``, zero-pad symmetrically to
         ``canvas x canvas`` (odd pad: the extra pixel goes right/bottom), then centre-crop
         ``size x size``.
@@ -62,6 +62,8 @@ class Preprocess:
             raise ValueError(f"Preprocess.resize must be squash, crop or letterbox (or letterbox_resize), got {self.resize!r}")
         if self.resize == "letterbox" and (self.canvas is None or self.canvas < self.size):
             raise ValueError("Preprocess.resize='letterbox' needs canvas >= size")
+        if self.resize == "crop" and self.canvas is not None and self.canvas < self.size:
+            raise ValueError("Preprocess.resize='crop' needs canvas >= size (or no canvas: the short side to size)")
         if self.resize == "letterbox_resize" and (self.canvas is None or self.canvas < 1):
             raise ValueError("Preprocess.resize='letterbox_resize' needs a positive canvas")
         if self.interpolation not in _INTERPOLATION:
@@ -77,8 +79,9 @@ class Preprocess:
         if self.resize == "squash":
             new_h, new_w = size, size
         elif self.resize == "crop":
-            long = int(size * max(height, width) / min(height, width))  # torchvision's arithmetic, to the pixel
-            new_h, new_w = (size, long) if height <= width else (long, size)
+            short = self.canvas or size
+            long = int(short * max(height, width) / min(height, width))  # torchvision's arithmetic, to the pixel
+            new_h, new_w = (short, long) if height <= width else (long, short)
         else:
             scale = self.canvas / max(height, width)
             new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))

@@ -47,17 +47,15 @@ still gives config and vocabulary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import albumentations as A
 import torch
 import torch.nn.functional as F
 from jsonargparse.typing import PositiveInt
 from torch import nn
 
-from xbench_pl.geometry import _INTERPOLATION, Preprocess
+from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_weights, read_checkpoint
 from xbench_pl.models.layers import ResNetPatches
@@ -159,27 +157,6 @@ def smooth(maps: torch.Tensor, sigma: float, truncate: float) -> torch.Tensor:
     return (along_rows.double() @ cols.T).float()
 
 
-# -- preprocessing -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ResizeCrop(Preprocess):
-    """torchvision's ``Resize(canvas)`` then ``CenterCrop(size)``: the short side to ``canvas`` (the long side
-    ``int(canvas * long / short)``), the central ``size x size`` (offset ``round((new - size) / 2)``). ``Preprocess``'s
-    ``crop`` resizes the short side to ``size`` itself."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.resize != "crop" or self.canvas is None or self.canvas < self.size:
-            raise ValueError("ResizeCrop needs resize='crop' and canvas >= size")
-
-    def plan(self, height: int, width: int):
-        long = int(self.canvas * max(height, width) / min(height, width))
-        new_h, new_w = (self.canvas, long) if height <= width else (long, self.canvas)
-        crop_x, crop_y = int(round((new_w - self.size) / 2.0)), int(round((new_h - self.size) / 2.0))
-        ops = [A.Resize(new_h, new_w, interpolation=_INTERPOLATION[self.interpolation]),
-               A.Crop(crop_x, crop_y, crop_x + self.size, crop_y + self.size)]
-        return ops, (new_w / width, new_h / height, float(-crop_x), float(-crop_y))
-
-
 # -- the model ---------------------------------------------------------------------------------------
 class BioViL(ZeroShotModel):
     """BioViL / BioViL-T; see the module docstring.
@@ -233,7 +210,7 @@ class BioViL(ZeroShotModel):
         text_config = bert_config(str(folder), base)
         build_weights(lambda: self.build(config, text_config), random_init=weights is None)
         self.text.bert.check_tokenizer(self.tokenizer, f"text folder {folder}", "its vocab.txt does not fit its config.json")
-        self.preprocess = ResizeCrop(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
         self.text_cache = TextEmbeddingCache(text_batch_size)
         if weights is None:
             self.warn_random_weights()
