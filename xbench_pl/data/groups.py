@@ -7,9 +7,10 @@ dataset has no such field, the cell is empty, or it holds something outside the 
 ========  =================================  ==============================================================
 group     values                             read from
 ========  =================================  ==============================================================
-``sex``   ``F``, ``M``                       NIH ``Patient Gender``; CheXpert ``Sex``; DICOM PatientSex
+``sex``   ``F``, ``M``                       NIH ``Patient Gender``; CheXpert ``Sex``; DICOM PatientSex;
+                                             COVID-19 Rural ``covid_rural_patient_info.csv`` ``SEX``
 ``age``   ``<40``, ``40-59``, ``60-79``,     NIH ``Patient Age`` (years); CheXpert ``Age``; DICOM PatientAge
-          ``80+``                            (``nnnY``; ``D``/``W``/``M`` units are under a year)
+          ``80+``                            (``nnnY``; ``D``/``W``/``M`` units are under a year); COVID-19 Rural ``AGE``
 ``view``  ``PA``, ``AP``                     NIH ``View Position``; CheXpert ``AP/PA``; DICOM ViewPosition
 ========  =================================  ==============================================================
 

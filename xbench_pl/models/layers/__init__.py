@@ -14,6 +14,8 @@
   BERT and the ViT are built of.
 * ``pooling``: ``AttentionPool2d`` (CLIP's ResNet attention pooling, MAVL's global branch)
   -> one global feature per image.
+* ``cxr_bert``: ``CXRBert`` (BioViL's CXR-BERT: a BERT whose ``[CLS]`` goes through a projection head,
+  the authors' ``CXRBertModel`` key layout) -> one projected embedding per text.
 
 Key names follow the released checkpoints' layouts, so a family's filter function only renames
 prefixes. Nothing here downloads or reads weights.
