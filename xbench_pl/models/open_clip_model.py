@@ -248,7 +248,8 @@ class OpenCLIPModel(ZeroShotModel):
     """
 
     IMAGE_TOWER = "model.visual"
-    TRAINABLE = (r"^model\.text_projection$", r"^model\.text\.proj\.", r"^model\.logit_scale$")  # fit: text projection, temperature
+    #: fit's default: the text projection, and the temperature where the score reads it (``softmax``, in ``__init__``)
+    TRAINABLE = (r"^model\.text_projection$", r"^model\.text\.proj\.")
 
     def __init__(
         self,
@@ -277,6 +278,8 @@ class OpenCLIPModel(ZeroShotModel):
         if image_size is not None:
             model_cfg = force_image_size(model_cfg, image_size, architecture)
         self.score = score
+        if score == "softmax":  # the other scores read raw cosines: logit_scale would get no gradient
+            self.TRAINABLE = (*self.TRAINABLE, r"^model\.logit_scale$")
         self.tokenizer = self.make_tokenizer(model_cfg["text_cfg"], tokenizer, checkpoint)
         self.model = build_open_clip(model_cfg)
         check_patch_tokens(self.model.visual)

@@ -1,0 +1,71 @@
+"""The newer models (CheXzero, BioViL, RadZero; tiny seeded copies of the real architectures) through the rest of
+the suite on MS-CXR's phrases: ``fit`` trains their ``TRAINABLE`` parameters, and a run's prediction store re-scores
+to its own metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import biovil_reference
+import chexzero_reference
+import pytest
+import radzero_reference
+import torch
+from safetensors.torch import save_file
+from test_cli import in_process
+
+import xbench_pl
+
+CONFIGS = Path(xbench_pl.__file__).parent / "models" / "configs"
+
+
+def chexzero_args(root: Path) -> list[str]:
+    shipped = json.loads((CONFIGS / "chexzero.json").read_text())
+    architecture = root / "chexzero_tiny.json"
+    architecture.write_text(json.dumps({"model_cfg": chexzero_reference.model_cfg("tiny"), "preprocess_cfg": shipped["preprocess_cfg"]}))
+    torch.save(chexzero_reference.state_dict("tiny", seed=0), root / "best_tiny.pt")
+    return ["--model", "chexzero", "--model.architecture", str(architecture), "--model.checkpoint", str(root / "best_tiny.pt")]
+
+
+def biovil_args(root: Path) -> list[str]:
+    architecture = json.loads((CONFIGS / "biovil.json").read_text())
+    architecture["preprocess"] = {**architecture["preprocess"], "canvas": 72, "size": 64}  # fast: the layout is tested elsewhere
+    (root / "biovil-64.json").write_text(json.dumps(architecture))
+    image = biovil_reference.write_image_checkpoint(root / biovil_reference.IMAGE_WEIGHTS["biovil"], "biovil")
+    text = biovil_reference.write_text_folder(root / "text")
+    return ["--model", "biovil", "--model.architecture", str(root / "biovil-64.json"), "--model.checkpoint", str(image),
+            "--model.text", str(text)]
+
+
+def radzero_args(root: Path) -> list[str]:
+    architecture = root / "radzero-tiny.json"
+    architecture.write_text(json.dumps(radzero_reference.tiny_architecture(radzero_reference.write_tower_folders(root / "towers"))))
+    release = radzero_reference.write_tokenizer_folder(root / "RadZero")
+    save_file(radzero_reference.state_dict(seed=0), str(release / "model.safetensors"))
+    return ["--model", "radzero", "--model.architecture", str(architecture), "--model.checkpoint", str(release)]
+
+
+MODELS = {"chexzero": chexzero_args, "biovil": biovil_args, "radzero": radzero_args}
+COMMON = ["--data", "ms_cxr_demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu",
+          "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_fit_and_the_prediction_store_on_phrases(name, tmp_path):
+    model = MODELS[name](tmp_path)
+    data_root = ["--data.root", str(tmp_path / "ms_cxr")]
+    fitted = in_process("fit", *model, *COMMON, *data_root, "--model.bootstrap", "0", "--data.val_fraction", "0.3",
+                        "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false", "--out", str(tmp_path / "fit"))
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
+    record = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert record["trained_parameters"] and [e["epoch"] for e in record["validation"]] == [0]
+
+    ran = in_process("test", *model, *COMMON, *data_root, "--model.bootstrap", "20", "--predictions", str(tmp_path / "store"),
+                     "--predictions_dtype", "float32", "--out", str(tmp_path / "run"))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    scored = in_process("score", "--predictions", str(tmp_path / "store"), "--out", str(tmp_path / "score"))
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    run, score = (json.loads((tmp_path / d / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for d in ("run", "score"))
+    assert score["classes"] == run["classes"] and score["mean"] == run["mean"]
+    assert run["mean"]["n_regions"] == 13 and run["mean"]["cnr"] is not None
