@@ -69,3 +69,40 @@ def test_fit_and_the_prediction_store_on_phrases(name, tmp_path):
     run, score = (json.loads((tmp_path / d / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for d in ("run", "score"))
     assert score["classes"] == run["classes"] and score["mean"] == run["mean"]
     assert run["mean"]["n_regions"] == 13 and run["mean"]["cnr"] is not None
+
+
+def test_the_phrases_sweep_runs_offline_on_the_synthetic_ms_cxr(tmp_path, monkeypatch):
+    """sweeps/phrases_x_models.yaml as shipped, its data and models pointed at the synthetic MS-CXR and tiny seeded
+    CheXzero and RadZero (W&B logger off, for speed): every run finishes, and phrases ground otherwise than names."""
+    import csv
+
+    import yaml
+
+    from xbench_pl.commands import sweep
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = yaml.safe_load((repo / "sweeps" / "phrases_x_models.yaml").read_text())
+    command = spec["command"]
+    del command[command.index("--trainer.logger") : command.index("--trainer.logger") + 2]
+    for option, value in (("--data.root", tmp_path / "ms_cxr"), ("--data.image_root", tmp_path / "ms_cxr")):
+        command[command.index(option) + 1] = str(value)
+    command[command.index("ms_cxr")] = "ms_cxr_demo"
+    assert spec["metric"]["name"] == "ms_cxr/cnr"
+    spec["metric"]["name"] = "ms_cxr_demo/cnr"
+    models = []
+    for name in ("chexzero", "radzero"):
+        args = MODELS[name](tmp_path)
+        config = {"class_path": xbench_pl.registry.class_path("models", name),
+                  "init_args": {k.removeprefix("--model."): v for k, v in zip(args[2::2], args[3::2])}}
+        models.append(str(tmp_path / f"{name}.yaml"))
+        Path(models[-1]).write_text(yaml.safe_dump(config))
+    spec["parameters"]["model"]["values"] = models
+    assert spec["parameters"]["data.queries"]["values"] == ["phrases", "names"]
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.chdir(repo)
+    assert sweep.main([str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "out")]) == 0
+    with (tmp_path / "out" / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"done"}
+    cnr = {(Path(r["model"]).stem, r["data.queries"]): float(r["ms_cxr_demo/cnr"]) for r in rows}
+    assert cnr[("chexzero", "phrases")] != cnr[("chexzero", "names")] and cnr[("radzero", "phrases")] != cnr[("radzero", "names")]
