@@ -27,6 +27,19 @@ def test_describe_demo(capsys):
     assert sum(c["regions"] for c in summary["classes"].values()) == 12  # the demo's 12 boxes
     code, text, _ = run(capsys, ["--data=demo"])
     assert code == 0 and text.startswith("demo: 12 images") and "Cardiomegaly" in text and "0 problem(s)" in text
+    assert "phrases" not in summary
+
+
+def test_describe_counts_a_phrase_dataset_in_pairs_on_images(capsys, tmp_path):
+    root = ["--data.root", str(tmp_path / "ms_cxr")]
+    code, out, _ = run(capsys, ["--data", "ms_cxr_demo", *root, "--json"])
+    summary = json.loads(out)
+    records = create_datamodule("ms_cxr_demo", root=str(tmp_path / "ms_cxr")).prepare_records()
+    assert code == 0 and summary["images"] == summary["phrases"] == len(records) == 13
+    assert summary["image_files"] == len({r.path for r in records}) == 10
+    code, text, _ = run(capsys, ["--data", "ms_cxr_demo", *root])
+    assert code == 0 and text.splitlines()[:2] == ["ms_cxr_demo: 13 (image, phrase) pairs on 10 images",
+                                                    "class               pairs  positives  regions"]
 
 
 def test_describe_reports_every_problem(tmp_path, capsys):

@@ -5,7 +5,8 @@ per class, the evaluated images, the positives (label 1) and the region instance
 polygons, mask rows), then every problem found. ``describe`` collects all problems rather
 than stopping at the first (``--data.on_error skip`` is its default; pass ``raise`` to stop).
 ``--json`` prints ``{"images": N, "classes": {CLASS: {"images", "positives", "regions"}},
-"problems": [{"file", "row", "reason", "action"}, ...]}``.
+"problems": [{"file", "row", "reason", "action"}, ...]}`` (a phrase dataset, MS-CXR: N counts its (image,
+phrase) pairs, and ``phrases`` and ``image_files`` are added).
 
 ``--data pooled`` describes each pooled dataset in turn (one such summary per dataset; with
 ``--json``: ``{"datasets": {NAME: summary, ...}}``). A dataset that cannot be read at all (no
@@ -32,9 +33,12 @@ if TYPE_CHECKING:  # the datamodule classes import Lightning: --help starts with
 
 
 def summarize(records: list[Record], classes: list[str], problems: list[Problem]) -> dict:
-    """The ``--json`` summary of evaluated records."""
+    """The ``--json`` summary of evaluated records; a phrase dataset's items are (image, phrase) pairs, so its summary
+    also has ``phrases`` (the items with a phrase) and ``image_files`` (the distinct images they are on)."""
+    phrases = sum(bool(r.queries) for r in records)
     return {
         "images": len(records),
+        **({"phrases": phrases, "image_files": len({r.path for r in records})} if phrases else {}),
         "classes": {
             c: {
                 "images": len(records),
@@ -49,7 +53,10 @@ def summarize(records: list[Record], classes: list[str], problems: list[Problem]
 
 def format_summary(name: str, summary: dict) -> str:
     width = max([len("class")] + [len(c) for c in summary["classes"]])
-    lines = [f"{name}: {summary['images']} images", f"{'class':<{width}}  {'images':>7}  {'positives':>9}  {'regions':>7}"]
+    items = "pairs" if "phrases" in summary else "images"
+    title = (f"{summary['images']} (image, phrase) pairs on {summary['image_files']} images" if "phrases" in summary
+             else f"{summary['images']} images")
+    lines = [f"{name}: {title}", f"{'class':<{width}}  {items:>7}  {'positives':>9}  {'regions':>7}"]
     for c, counts in summary["classes"].items():
         lines.append(f"{c:<{width}}  {counts['images']:>7}  {counts['positives']:>9}  {counts['regions']:>7}")
     lines.append(f"{len(summary['problems'])} problem(s)")
