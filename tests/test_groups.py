@@ -13,7 +13,7 @@ import torch
 from xbench_pl.data.groups import GROUPS, age_group, metadata_groups, parse_groups, sex_group, view_group
 from xbench_pl.data.nih_bbox import NIHBoxDataModule, read_box_table
 from xbench_pl.metrics import BenchmarkMetrics
-from xbench_pl.metrics.functional import bootstrap_weights, dice_iou_curve, normalize_saliency, pointing_game
+from xbench_pl.metrics.functional import bootstrap_weights, pointing_game
 from xbench_pl.metrics.resampling import image_key
 
 

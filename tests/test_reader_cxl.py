@@ -8,7 +8,8 @@ import json
 import lightning as L
 import numpy as np
 import pytest
-from test_chexlocalize import A, B, H, W, coco_string, label_row, write_chexlocalize
+from test_chexlocalize import A, B, H, W, label_row, write_chexlocalize
+from test_reader import mask, rle
 
 import xbench_pl
 from xbench_pl.data.chexlocalize import cxr_id
@@ -23,16 +24,6 @@ def run(model, datamodule):
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.test(model, datamodule=datamodule, verbose=False)
     return model.results[datamodule.name]
-
-
-def mask(y0, y1, x0, x1):
-    out = np.zeros((H, W), bool)
-    out[y0:y1, x0:x1] = True
-    return out
-
-
-def rle(m):
-    return {"size": [H, W], "counts": coco_string(m)}
 
 
 #: ground truth: A has Cardiomegaly and Airspace Opacity, B Cardiomegaly; Edema is empty in both

@@ -2,7 +2,6 @@
 grouped-bar figure inlined in report.html, ``model_x_explainer`` in report.json; absent for native-only runs."""
 
 import base64
-import io
 import json
 import re
 from pathlib import Path

@@ -36,7 +36,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
