@@ -58,7 +58,7 @@ def test_a_bad_option_value_is_refused_while_parsing_naming_the_option(capsys, n
 @pytest.mark.parametrize("argv, line", [
     (["--model", "kad", "--model.query_set", "all"], "--model.query_set: expected one of 'authors', 'requested', got 'all'"),
     (["--model", "mavl", "--model.score_mode", "x"], "--model.score_mode: expected one of 'feature', 'text', got 'x'"),
-    (["--model", "clip", "--model.score", "x"], "--model.score: expected one of 'softmax', 'cosine', got 'x'"),
+    (["--model", "clip", "--model.score", "x"], "--model.score: expected one of 'softmax', 'softmax_cosine', 'cosine', got 'x'"),
     (["--model", "clip", "--model.text_batch_size", "0"], "--model.text_batch_size: must be > 0, got 0"),
     (["--model", "clip", "--model.image_size", "0"], "--model.image_size: must be > 0, got 0"),
     (["--model", "carzero", "--model.image_size", "-1"], "--model.image_size: must be > 0, got -1"),
