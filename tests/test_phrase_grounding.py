@@ -102,3 +102,16 @@ def test_ms_cxr_demo_grounds_phrases_with_cnr_per_category_and_is_ddp_exact(tmp_
     assert names.returncode == 0, names.stderr[-3000:]
     by_name = json.loads((tmp_path / "names" / "metrics.json").read_text())["datasets"]["ms_cxr_demo"]
     assert by_name["mean"]["n_regions"] == table["mean"]["n_regions"] and by_name["mean"]["cnr"] != table["mean"]["cnr"]
+
+
+def test_heatmap_samples_name_the_phrase_they_ground(tmp_path):
+    """The heatmap callback on MS-CXR: each sample's table row and caption carry its phrase beside the category."""
+    import csv
+
+    result = in_process("test", "--model", "center", "--data", "ms_cxr_demo", "--data.root", str(tmp_path / "demo"),
+                        "--config", str(Path(__file__).resolve().parents[1] / "callbacks" / "png.yaml"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (tmp_path / "run" / "heatmaps" / "samples.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    records = {r.image_id: r for r in xbench_pl.create_datamodule("ms_cxr_demo", root=str(tmp_path / "demo")).prepare_records()}
+    assert rows and all(row["query"] == records[row["image_id"]].queries[row["finding"]] for row in rows)

@@ -54,6 +54,7 @@ class Sample:
     image: np.ndarray
     saliency: np.ndarray
     region: np.ndarray
+    query: str | None = None  # the phrase grounded in place of the finding's name (phrase datasets: MS-CXR)
 
 
 @dataclass
@@ -138,6 +139,7 @@ class SaliencySamples(L.Callback):
                 image=(image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy(),
                 saliency=saliency.float().cpu().numpy().copy(),
                 region=region.bool().cpu().numpy().copy(),
+                query=batch.queries[b].get(finding) if batch.queries else None,
             ))
 
     def on_test_end(self, trainer, pl_module) -> None:
@@ -155,12 +157,13 @@ class SaliencySamples(L.Callback):
             paths, captions = [], []
             for s in samples:
                 path = folder / f"{safe_name(s.image_id.replace('.', '_'))}.png"
-                caption = (f"{name} | {dataset} | {finding} | {s.image_id} | score {s.score:.3f} | label {s.label} | "
+                queried = f" \"{s.query}\"" if s.query else ""
+                caption = (f"{name} | {dataset} | {finding}{queried} | {s.image_id} | score {s.score:.3f} | label {s.label} | "
                            f"pointing game {s.pointing:.2f}")
                 render_sample(s, path, caption, normalize, self.display_size)
                 paths.append(path)
                 captions.append(caption)
-                rows.append({"dataset": dataset, "finding": finding, "image_id": s.image_id, "score": s.score,
+                rows.append({"dataset": dataset, "finding": finding, "query": s.query or "", "image_id": s.image_id, "score": s.score,
                              "label": s.label, "pointing_game": s.pointing, "file": str(path.relative_to(root))})
             self.written += paths
             if logger is not None:
