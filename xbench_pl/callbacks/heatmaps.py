@@ -163,14 +163,15 @@ class SaliencySamples(L.Callback):
                 render_sample(s, path, caption, normalize, self.display_size)
                 paths.append(path)
                 captions.append(caption)
-                rows.append({"dataset": dataset, "finding": finding, "query": s.query or "", "image_id": s.image_id, "score": s.score,
+                rows.append({"dataset": dataset, "finding": finding, **({"query": s.query} if s.query else {}), "image_id": s.image_id, "score": s.score,
                              "label": s.label, "pointing_game": s.pointing, "file": str(path.relative_to(root))})
             self.written += paths
             if logger is not None:
                 logger.log_image(key=f"heatmaps/{dataset}/{finding}", images=[str(p) for p in paths], caption=captions)
         if rows:
             with (root / "samples.csv").open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                # a phrase dataset's rows add the phrase after the finding (``query``); others have no such column
+                writer = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
                 writer.writeheader()
                 writer.writerows(rows)
 
