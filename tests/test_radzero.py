@@ -22,6 +22,7 @@ import radzero_reference as rr
 from test_cli import in_process
 from xbench_pl.models.checkpoints import CheckpointError
 from xbench_pl.models.radzero import RadZero, checkpoint_filter_fn
+from xbench_pl.data.base import Phrase
 from xbench_pl.registry import read_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +140,8 @@ def test_prompts_finding_names_and_free_text(files):
     assert model.prompt_for("Pneumothorax") == "There is Pneumothorax"
     assert model.prompt_for("Mass") == "A large mass"
     assert model.prompt_for("left basal opacity") == "left basal opacity"  # a phrase: embedded as it is
+    assert model.prompt_for(Phrase("opacity")) == "opacity"  # a dataset's phrase, though it spells a finding
+    assert model.prompt_for("opacity") == "There is COVID-19 Opacity"  # a finding's name (COVID-R LabelMe's spelling)
     out = model.zero_shot(torch.randn(1, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE), ["Nodule", "left basal opacity"])
     assert len(model._text_cache) == 1
     again = model.zero_shot(torch.randn(1, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE), ["Nodule", "left basal opacity"])

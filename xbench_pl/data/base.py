@@ -61,6 +61,12 @@ class Record:
         self.region_sources.setdefault(finding, []).append((str(file), row))
 
 
+class Phrase(str):
+    """A text a sample grounds in place of a finding's name (``Record.queries``): a model that prompts finding names
+    by a table or template of its own leaves a ``Phrase`` as written where it must (RadZero); equal to and hashed as
+    the plain string, so caches and prompt templates see the text itself."""
+
+
 @dataclass
 class Batch:
     """What every datamodule yields and every model's ``test_step`` consumes.
@@ -108,7 +114,7 @@ class Batch:
         groups: dict[tuple[str, ...], list[int]] = {}
         for b in range(len(self.image_ids)):
             own = self.queries[b] if b < len(self.queries) else {}
-            groups.setdefault(tuple(own.get(name, name) for name in self.classes), []).append(b)
+            groups.setdefault(tuple(Phrase(own[name]) if name in own else name for name in self.classes), []).append(b)
         return [(texts, torch.tensor(samples, dtype=torch.long)) for texts, samples in groups.items()]
 
 

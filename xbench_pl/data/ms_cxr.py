@@ -208,7 +208,7 @@ class MSCXRDataModule(XBenchDataModule):
             first = rows[0]
             record = Record(phrase_id(first.dicom_id, n), image_root / first.path, image_labels[first.dicom_id], {},
                             f"{path}, row {first.row}", patient_id=subject_of(first.path),
-                            queries={first.category: first.text if self.queries == "phrases" else first.category})
+                            queries={first.category: first.text} if self.queries == "phrases" else {})
             for parsed in rows:
                 record.add_region(parsed.category, parsed.box, path, parsed.row)
             self.declared_sizes[record.image_id] = (first.size, path, first.row)

@@ -64,6 +64,7 @@ from torch import nn
 from transformers import Dinov2Config, MPNetConfig, MPNetModel, MPNetTokenizerFast
 from transformers.models.dinov2.modeling_dinov2 import Dinov2Embeddings, Dinov2Encoder, Dinov2Model
 
+from xbench_pl.data.base import Phrase
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_or_warn, load_weights, read_checkpoint
@@ -216,7 +217,10 @@ class RadZero(ZeroShotModel):
 
     # -- text ----------------------------------------------------------------------------------
     def prompt_for(self, text: str) -> str:
-        """``"There is {name}"`` for a known finding (their spelling), else the text itself (a phrase)."""
+        """``"There is {name}"`` for a finding (any spelling ``canonical`` knows; their spelling of it), else the text
+        itself: a phrase, as written (a dataset's phrases, ``Phrase``, even one that spells a finding: "opacity")."""
+        if isinstance(text, Phrase):
+            return str(text)
         if text in self.texts:
             return self.texts[text]
         try:
