@@ -11,7 +11,7 @@ import torch
 
 from xbench_pl.metrics import BenchmarkMetrics, ContrastToNoise
 from xbench_pl.metrics.benchmark import EXTRA_KEYS, RECORD_KEYS, pair_keys
-from xbench_pl.metrics.functional import contrast_to_noise, normalize_saliency
+from xbench_pl.metrics.functional import CNR_CAP, contrast_to_noise, normalize_saliency
 
 
 def direct_cnr(saliency: np.ndarray, region: np.ndarray) -> float:
@@ -41,19 +41,40 @@ def test_cnr_equals_the_definition_per_pair():
     assert values[-1] > values[0]  # more contrast, larger ratio
 
 
-def test_cnr_is_unchanged_by_the_normalisations_and_undefined_where_the_definition_is():
+def test_cnr_is_unchanged_by_the_normalisations_and_its_edge_cases_are_defined():
     maps, masks = random_pairs(1)
     raw = contrast_to_noise(maps, masks)
     for mode in ("minmax", "max"):
         assert torch.allclose(contrast_to_noise(normalize_saliency(maps.abs() + 1, mode), masks),
                               contrast_to_noise(maps.abs() + 1, masks), rtol=1e-5)
     assert torch.allclose(contrast_to_noise(-2 * maps + 7, masks), raw, rtol=1e-9)
-    whole, empty, flat = torch.ones(1, 8, 8, dtype=torch.bool), torch.zeros(1, 8, 8, dtype=torch.bool), torch.zeros(1, 8, 8)
+    whole, empty, box = torch.ones(1, 8, 8, dtype=torch.bool), torch.zeros(1, 8, 8, dtype=torch.bool), masks[:1, :8, :8] | torch.eye(8, dtype=torch.bool)
     assert torch.isnan(contrast_to_noise(torch.randn(1, 8, 8), whole)).all()  # nothing outside
     assert torch.isnan(contrast_to_noise(torch.randn(1, 8, 8), empty)).all()  # nothing inside
-    assert torch.isnan(contrast_to_noise(flat, masks[:1, :8, :8] | torch.eye(8, dtype=torch.bool))).all()  # no noise
+    assert contrast_to_noise(torch.zeros(1, 8, 8), box).item() == 0.0  # no contrast (and no noise)
+    assert contrast_to_noise(box.float(), box).item() == CNR_CAP  # the region exactly, no noise: the cap, not infinity
+    nearly = box.float()
+    nearly[0, 0, 0] += 1e-8  # noise of 1e-8: a ratio of about 1e8, past what int64 fixed point holds
+    assert contrast_to_noise(nearly, box).item() == CNR_CAP
+    metric = ContrastToNoise(1)
+    metric.update(nearly, box, torch.zeros(1, dtype=torch.long))
+    assert metric.compute().item() == CNR_CAP
     with pytest.raises(ValueError):
         contrast_to_noise(torch.full((1, 8, 8), float("nan")), masks[:1, :8, :8])
+
+
+def test_cnr_counts_only_the_pixels_the_model_saw():
+    """A centre crop's unseen columns hold the map's minimum after the warp: they are left out of both sides."""
+    maps, masks = random_pairs(4, n=6, size=32)
+    seen = torch.zeros_like(masks)
+    seen[:, :, 4:28] = True
+    cut = torch.where(seen, maps, maps.flatten(1).amin(1)[:, None, None])
+    values = contrast_to_noise(cut, masks, seen)
+    for i in range(len(maps)):
+        m, r = maps[i][:, 4:28].numpy(), masks[i][:, 4:28].numpy()
+        expected = direct_cnr(m, r) if r.any() else float("nan")
+        assert values[i].item() == pytest.approx(expected, rel=1e-12, nan_ok=True)
+    assert not torch.allclose(values, contrast_to_noise(cut, masks), equal_nan=True)
 
 
 def test_cnr_of_a_map_alone_equals_it_in_a_batch():
@@ -97,3 +118,25 @@ def test_cnr_metric_and_table_key_accumulate_bit_identically_in_any_split():
         defined = (x["cls"] == c) & ~torch.isnan(direct) & x["masks"].flatten(1).any(1)
         assert a["classes"][name]["cnr"] == pytest.approx(direct[defined].mean().item(), rel=1e-9)
     assert a["ci"]["mean"]["cnr"] is not None and "cnr" in a["by_size"]["mean"]["small"]
+
+
+def test_test_step_passes_what_the_crop_cut_off_and_the_table_leaves_it_out():
+    """``seen_on_eval_grid`` is exactly where ``warp_to_eval_grid`` put the map's minimum (a centre crop's cut-off
+    sides), and BenchmarkMetrics' cnr, given it, is the mean of the per-pair values over the seen pixels."""
+    from xbench_pl.geometry import Preprocess, seen_on_eval_grid, warp_to_eval_grid
+
+    preprocess = Preprocess("crop", 56)
+    sizes = torch.tensor([[300, 200], [200, 300]])
+    affine = torch.tensor([preprocess.plan(*s.tolist())[1] for s in sizes], dtype=torch.float64)
+    maps = torch.rand(2, 7, 7, generator=torch.Generator().manual_seed(0)) + 1
+    warped = warp_to_eval_grid(maps, affine, 56, sizes, 64)
+    seen = seen_on_eval_grid(affine, 56, sizes, 64)
+    assert (~seen).any(1).any(1).all() and seen.any(1).any(1).all()  # both images lose a band to the crop
+    assert torch.equal(warped[~seen], maps.flatten(1).amin(1)[:, None, None].expand_as(warped)[~seen])
+    masks = torch.zeros(2, 64, 64, dtype=torch.bool)
+    masks[:, 20:40, 24:44] = True
+    table = BenchmarkMetrics(["A"], bootstrap=0)
+    table.update(torch.rand(2, 1), torch.ones(2, 1), warped, masks, torch.zeros(2, dtype=torch.long), seen=seen)
+    expected = contrast_to_noise(warped, masks, seen)
+    assert table.compute()["classes"]["A"]["cnr"] == pytest.approx(expected.mean().item(), rel=1e-12)
+    assert not torch.allclose(expected, contrast_to_noise(warped, masks))

@@ -158,12 +158,27 @@ def warp_to_eval_grid(
     minimum, so they count as background. The affine is axis-aligned, so the resampling is
     separable: two small matrix products instead of a per-pixel gather.
     """
-    xs, ys = eval_pixel_centres(original_size, eval_size)
-    sx, sy, tx, ty = affine.to(torch.float64).unbind(-1)
-    u, v = sx[:, None] * xs + tx[:, None], sy[:, None] * ys + ty[:, None]  # [K, E] model-input coordinates
+    u, v = input_coordinates(affine, original_size, eval_size)
     h, w = maps.shape[-2:]
     rows, cols = _bilinear_weights(v, h, input_size), _bilinear_weights(u, w, input_size)
     warped = rows @ maps.float() @ cols.transpose(1, 2)
-    unseen = ((v < 0) | (v > input_size))[:, :, None] | ((u < 0) | (u > input_size))[:, None, :]
     floor = maps.flatten(1).amin(dim=1).float()[:, None, None].expand_as(warped)
-    return torch.where(unseen, floor, warped)
+    return torch.where(seen_pixels(u, v, input_size), warped, floor)
+
+
+def input_coordinates(affine: torch.Tensor, original_size: torch.Tensor, eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(u [K, E], v [K, E])``: the model-input coordinates of the eval-pixel centres' columns and rows."""
+    xs, ys = eval_pixel_centres(original_size, eval_size)
+    sx, sy, tx, ty = affine.to(torch.float64).unbind(-1)
+    return sx[:, None] * xs + tx[:, None], sy[:, None] * ys + ty[:, None]
+
+
+def seen_pixels(u: torch.Tensor, v: torch.Tensor, input_size: int) -> torch.Tensor:
+    """``[K, E, E]`` bool: the eval pixels whose centre lies in the model input (``input_coordinates``)."""
+    return ((v >= 0) & (v <= input_size))[:, :, None] & ((u >= 0) & (u <= input_size))[:, None, :]
+
+
+def seen_on_eval_grid(affine: torch.Tensor, input_size: int, original_size: torch.Tensor, eval_size: int) -> torch.Tensor:
+    """``[K, E, E]`` bool: the eval pixels of each image the model saw (False outside a centre crop); the others hold
+    the map's minimum after ``warp_to_eval_grid``."""
+    return seen_pixels(*input_coordinates(affine, original_size, eval_size), input_size)

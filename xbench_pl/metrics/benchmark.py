@@ -248,7 +248,8 @@ class BenchmarkMetrics(nn.Module):
                saliency: torch.Tensor | None = None, unit_keys: torch.Tensor | None = None,
                sample_keys: torch.Tensor | None = None, sample_units: torch.Tensor | None = None,
                negatives: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-               groups: dict[str, list[str]] | None = None, pair_rows: torch.Tensor | None = None) -> None:
+               groups: dict[str, list[str]] | None = None, pair_rows: torch.Tensor | None = None,
+               seen: torch.Tensor | None = None) -> None:
         """``image_keys [N]`` int64: each pair's image (``resampling.image_key`` of its id), needed by
         ``specificity`` and the bootstrap; ``unit_keys [N]``: each pair's bootstrap unit (``resampling.unit_key``:
         its patient where known; default its image); ``sample_keys``, ``sample_units`` ``[B]``: the same per
@@ -257,11 +258,13 @@ class BenchmarkMetrics(nn.Module):
         is then not reported. ``negatives``: ``(maps [M, H, W], class [M], row [M])``, the eval-grid maps of
         (image, finding) pairs where the finding is absent, ``row`` indexing ``scores`` (``negatives=True``).
         ``groups``: per group name, each scored image's value (``Record.groups``; a missing name or None: all
-        ``unknown``); ``pair_rows [N]``: each pair's row of ``scores`` (needed with ``groups``)."""
+        ``unknown``); ``pair_rows [N]``: each pair's row of ``scores`` (needed with ``groups``); ``seen [N, H, W]`` bool:
+        the pixels of each pair's map the model saw (``geometry.seen_on_eval_grid``; ``cnr`` leaves the others out;
+        None: every pixel)."""
         if self.group_names:
             self._update_groups(groups, pair_rows, scores, labels, maps, masks, class_index,
                                 dict(image_keys=image_keys, saliency=saliency, unit_keys=unit_keys, sample_keys=sample_keys,
-                                     sample_units=sample_units), negatives)
+                                     sample_units=sample_units, seen=seen), negatives)
         self.recognition.update(scores, labels)
         self.pointing.update(maps, masks, class_index)
         self.dice_iou.update(maps, masks, class_index)
@@ -275,8 +278,9 @@ class BenchmarkMetrics(nn.Module):
         if self.keyed:
             self.specificity.update(maps, masks, class_index, image_keys.to(maps.device))
             specificity = self.specificity.last
-        for metric in (self.energy, self.lift, self.any_tie, self.otsu, self.pixel_auroc, self.cnr):
+        for metric in (self.energy, self.lift, self.any_tie, self.otsu, self.pixel_auroc):
             metric.update(maps, masks, class_index)
+        self.cnr.update(maps, masks, class_index, seen)
         otsu_dice, otsu_iou = self.otsu.last
         regions, kept = masks[keep], keep.cpu()
         values = {"pointing_game": hits, "energy_pg": self.energy.last, "pg_lift": self.lift.last,
@@ -321,7 +325,7 @@ class BenchmarkMetrics(nn.Module):
                 rows = codes == i
                 pairs = rows[pair_rows] if pair_rows.numel() else torch.zeros(maps.shape[0], dtype=torch.bool)
                 position = torch.cumsum(rows.long(), 0) - 1  # a row's place among the value's rows
-                subset = {k: (None if v is None else v[(pairs if k in ("image_keys", "unit_keys") else rows).to(v.device)])
+                subset = {k: (None if v is None else v[(pairs if k in ("image_keys", "unit_keys", "seen") else rows).to(v.device)])
                           for k, v in keys.items()}
                 negative = None
                 if negatives is not None:

@@ -176,27 +176,34 @@ def uniform_dice(masks: torch.Tensor) -> torch.Tensor:
     return torch.where(a > 0, 2 * a / (1 + a), torch.full_like(a, float("nan")))
 
 
-def contrast_to_noise(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+#: the largest ``cnr`` counted: a map that separates region and background with (almost) no noise scores this, not
+#: infinity (its fixed-point sums would overflow), far above what models reach (about 1 on MS-CXR, Boecking et al.)
+CNR_CAP = 1000.0
+
+
+def contrast_to_noise(maps: torch.Tensor, masks: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
     """Contrast-to-noise ratio per pair (BioViL, Boecking et al. ECCV 2022; MS-CXR): on the raw map,
     ``|mean_in - mean_out| / sqrt(var_in + var_out)`` over the pixels inside / outside the region, with population
-    variances (``ddof=0``) ``[N]`` float64. Unchanged by any ``a * m + b`` with ``a != 0``, so by the normalisations.
-    NaN where it is undefined: an empty region or one covering the whole map, or both variances 0.
+    variances (``ddof=0``) ``[N]`` float64, at most ``CNR_CAP`` (a noiseless map with contrast scores it; a map without
+    contrast scores 0). ``seen [N, H, W]`` bool (optional): only these pixels count, the ones the model saw (BioViL's
+    maps leave what a centre crop cut off undefined); default every pixel. Unchanged by any ``a * m + b`` with
+    ``a != 0``, so by the normalisations. NaN where no pixel of the region, or none outside it, counts.
     Computed per map in float64 by numpy's pairwise sums, whose order depends only on the map's size: the same
     value for a map alone or in any batch, on any thread count (the DDP-exact fixed-point sums need that)."""
     flat = maps.detach().flatten(1).cpu().double().numpy()
     region = masks.flatten(1).bool().cpu().numpy()
+    counted = np.ones_like(region) if seen is None else seen.flatten(1).bool().cpu().numpy()
     _raise_if_not_finite(torch.from_numpy(flat.sum(1)))
-    inside = region.sum(1)
-    outside = region.shape[1] - inside
+    inside, outside = region & counted, ~region & counted
+    n_in, n_out = inside.sum(1), outside.sum(1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean_in = np.where(region, flat, 0.0).sum(1) / inside
-        mean_out = np.where(region, 0.0, flat).sum(1) / outside
-        var_in = np.where(region, (flat - mean_in[:, None]) ** 2, 0.0).sum(1) / inside
-        var_out = np.where(region, 0.0, (flat - mean_out[:, None]) ** 2).sum(1) / outside
-        noise = np.sqrt(var_in + var_out)
-        cnr = np.abs(mean_in - mean_out) / noise
-    defined = (inside > 0) & (outside > 0) & (noise > 0)
-    return torch.from_numpy(np.where(defined, cnr, np.nan))
+        mean_in = np.where(inside, flat, 0.0).sum(1) / n_in
+        mean_out = np.where(outside, flat, 0.0).sum(1) / n_out
+        var_in = np.where(inside, (flat - mean_in[:, None]) ** 2, 0.0).sum(1) / n_in
+        var_out = np.where(outside, (flat - mean_out[:, None]) ** 2, 0.0).sum(1) / n_out
+        contrast, noise = np.abs(mean_in - mean_out), np.sqrt(var_in + var_out)
+        cnr = np.minimum(np.where(contrast > 0, contrast / noise, 0.0), CNR_CAP)  # contrast / 0 = inf: the cap
+    return torch.from_numpy(np.where((n_in > 0) & (n_out > 0), cnr, np.nan))
 
 
 def negative_map_stats(maps: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from xbench_pl.metrics.functional import (
     best_threshold,
     default_thresholds,
     dice_iou_curve,
+    CNR_CAP,
     contrast_to_noise,
     energy_pointing,
     finding_specificity,
@@ -238,7 +239,9 @@ class _DefinedPairMetric(_PairMetric):
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor) -> None:
         maps, masks, cls = self._select(maps, masks, class_index)
-        values = self._values(maps, masks)
+        self._add(self._values(maps, masks), cls)
+
+    def _add(self, values: torch.Tensor, cls: torch.Tensor) -> None:
         ok = ~torch.isnan(values)
         self.total = self.total.index_add(0, cls[ok], to_fixed(values[ok]))
         self.defined = self.defined + torch.bincount(cls[ok], minlength=self.num_classes)
@@ -264,12 +267,17 @@ class EnergyPointing(_DefinedPairMetric):
 
 
 class ContrastToNoise(_DefinedPairMetric):
-    """Mean contrast-to-noise ratio per class (``functional.contrast_to_noise`` of the raw map; undefined pairs left out)."""
+    """Mean contrast-to-noise ratio per class (``functional.contrast_to_noise`` of the raw map over the pixels the
+    model saw; undefined pairs left out)."""
 
-    plot_upper_bound = None  # unbounded above
+    plot_upper_bound = CNR_CAP
 
-    def _values(self, maps, masks):
-        return contrast_to_noise(maps, masks).to(maps.device)
+    def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, seen: torch.Tensor | None = None) -> None:
+        """``seen [N, H, W]`` bool (optional): the pixels of each map the model saw; the others are left out."""
+        if seen is not None:
+            seen = seen[has_region(masks).to(seen.device)]  # the pairs _select keeps
+        maps, masks, cls = self._select(maps, masks, class_index)
+        self._add(contrast_to_noise(maps, masks, seen).to(maps.device), cls)
 
 
 class PointingLift(_DefinedPairMetric):
