@@ -32,3 +32,11 @@ def test_without_the_file_every_group_is_unknown_and_a_bad_header_is_named(tmp_p
     (root / "covid_rural_patient_info.csv").write_text("PATIENT_ID,SEX\nCOVID-19-AR-16406513,M\n")
     with pytest.raises(DataError, match=r"covid_rural_patient_info.csv.*missing column\(s\) AGE"):
         ready(create_datamodule("covid_rural", root=str(root)))
+
+
+def test_the_patient_is_the_unit_and_a_short_row_is_unknown(tmp_path):
+    root = write_covid(tmp_path, {s: opacity_mask() for s in STEMS}, {})
+    (root / "covid_rural_patient_info.csv").write_text(INFO + "COVID-19-AR-16406514\n")  # a short row: its cells are None
+    dm = ready(create_datamodule("covid_rural", root=str(root)))
+    assert [r.patient_id for r in dm.test_set.records] == [s.split("_")[0] for s in STEMS]
+    assert [r.groups.get("sex", "unknown") for r in dm.test_set.records] == ["M", "unknown", "F"]

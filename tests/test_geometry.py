@@ -110,3 +110,10 @@ def test_separable_warp_equals_grid_sample(spec):
     unseen = (gx.abs() > 1)[None, :] | (gy.abs() > 1)[:, None]
     reference = torch.where(unseen, maps.flatten(1).amin(1)[:, None, None], reference)
     assert torch.allclose(ours, reference, atol=1e-5)
+
+
+def test_letterbox_resize_refuses_an_interpolation_its_affine_does_not_describe():
+    for mode in ("nearest", "area"):
+        with pytest.raises(ValueError, match="letterbox_resize' needs interpolation 'bilinear' or 'bicubic'"):
+            Preprocess("letterbox_resize", 224, 320, interpolation=mode)
+    assert Preprocess("letterbox_resize", 224, 320, interpolation="bicubic").canvas == 320

@@ -66,6 +66,9 @@ class Preprocess:
             raise ValueError("Preprocess.resize='crop' needs canvas >= size (or no canvas: the short side to size)")
         if self.resize == "letterbox_resize" and (self.canvas is None or self.canvas < 1):
             raise ValueError("Preprocess.resize='letterbox_resize' needs a positive canvas")
+        if self.resize == "letterbox_resize" and self.interpolation not in ("bilinear", "bicubic"):
+            # torch's nearest takes the floor, its area pools uneven bins: neither is the affine plan() returns
+            raise ValueError("Preprocess.resize='letterbox_resize' needs interpolation 'bilinear' or 'bicubic'")
         if self.interpolation not in _INTERPOLATION:
             raise ValueError(f"Preprocess.interpolation must be one of {sorted(_INTERPOLATION)}")
         if self.antialias and self.interpolation not in ("bilinear", "bicubic"):

@@ -26,7 +26,7 @@ Subgroups (``--model.groups``): sex and age from ``root/covid_rural_patient_info
 e.g. ``COVID-19-AR-16434409``, the image stem before its first ``_``; ``AGE`` in years; ``SEX`` ``M``/``F``), as
 listed in ``docs/reference/datasets.md`` and in the annotation repository's file; a patient absent from it, or a
 download without it, is ``unknown`` (counted, never guessed). ``view`` is always ``unknown``: neither the JPEGs nor
-the CSV record AP/PA. The image stays the bootstrap unit (no ``patient_id`` is set).
+the CSV record AP/PA. The patient (``COVID-19-AR-<patientId>``, from the stem) is the bootstrap and ``fit`` unit.
 
 Bad input: an undecodable mask, a LabelMe JSON that is not an object with a ``shapes`` list,
 a shape with an unknown label, a non-polygon opacity shape or malformed points is an error
@@ -84,8 +84,9 @@ class COVIDRuralDataModule(XBenchDataModule):
         for file in files:
             regions = read(file)
             if regions:
+                patient = file.stem.split("_")[0]
                 record = Record(file.stem, self.root / "jpgs" / f"{file.stem}.jpg", {OPACITY: 1}, {}, str(file),
-                                groups=patients.get(file.stem.split("_")[0], {}))
+                                patient_id=patient, groups=patients.get(patient, {}))
                 for index, region in regions:
                     record.add_region(OPACITY, region, file, index)
                 records.append(record)
@@ -101,7 +102,8 @@ class COVIDRuralDataModule(XBenchDataModule):
             missing = {"PATIENT_ID", "AGE", "SEX"} - set(reader.fieldnames or ())
             if missing:
                 raise DataError(path, f"missing column(s) {', '.join(sorted(missing))}")
-            return {row["PATIENT_ID"].strip(): metadata_groups(sex=row["SEX"] or None, age=row["AGE"] or None) for row in reader}
+            return {(row["PATIENT_ID"] or "").strip(): metadata_groups(sex=row["SEX"] or None, age=row["AGE"] or None)
+                    for row in reader}  # a short row's missing cells are None: unknown
 
     def read_mask(self, file: Path) -> list[tuple[str | None, Region]]:
         mask = MaskFile(file)

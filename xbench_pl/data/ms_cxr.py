@@ -23,8 +23,8 @@ them differently. Per record: ``labels`` 1 for every category the image's phrase
 phrases of two categories is two records, each positive for both; recognition keys therefore count such an
 image once per phrase: MS-CXR measures grounding), ``regions`` the phrase's boxes under its own category alone,
 ``queries = {category: label_text}`` (what a model grounds, ``Batch.query_texts``),
-``patient_id`` the MIMIC subject folder of ``path`` (``pNNNNNNNN``), so bootstrap and ``fit`` resample
-and split by patient, keeping an image's phrases together.
+``patient_id`` the MIMIC subject folder of ``path`` (``pNNNNNNNN``; the image's ``dicom_id`` where the path has
+none), so bootstrap and ``fit`` resample and split by patient, keeping an image's phrases together.
 
 Classes: MS-CXR's 8 categories in its own (alphabetical) order, ``MS_CXR_CLASSES``. ``classes``
 restricts them; phrases of the other categories are left out.
@@ -206,8 +206,8 @@ class MSCXRDataModule(XBenchDataModule):
             if key in broken or not rows or rows[0].category not in self.classes:
                 continue
             first = rows[0]
-            record = Record(phrase_id(first.dicom_id, n), image_root / first.path, image_labels[first.dicom_id], {},
-                            f"{path}, row {first.row}", patient_id=subject_of(first.path),
+            record = Record(phrase_id(first.dicom_id, n), image_root / first.path, dict(image_labels[first.dicom_id]), {},
+                            f"{path}, row {first.row}", patient_id=subject_of(first.path) or first.dicom_id,
                             queries={first.category: first.text} if self.queries == "phrases" else {})
             for parsed in rows:
                 record.add_region(parsed.category, parsed.box, path, parsed.row)

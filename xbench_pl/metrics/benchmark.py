@@ -385,13 +385,14 @@ class BenchmarkMetrics(nn.Module):
         per_image["neg_fp_rate"][row, cls] = fp_rate.cpu()
         per_image["neg_mass"][row, cls] = mass.cpu()
 
-    def update_cxl(self, pairs, units: list[int] | None = None) -> None:
+    def update_cxl(self, pairs, units: list[int] | None = None, judged: bool = False) -> None:
         """Feed the CheXlocalize-comparable metrics: ``(full_map, region, class)`` per (image, finding),
         every finding of every counted image (``chexlocalize.full_resolution_pairs``); ``units``: each pair's
-        bootstrap unit (``resampling.unit_key``), for the intervals of the cxl keys."""
+        bootstrap unit (``resampling.unit_key``), for the intervals of the cxl keys; ``judged``: pairs judged
+        elsewhere, ``(values, class)`` (``CheXlocalizeMode.update``; the reader's)."""
         if self.cxl is None:
             raise ValueError("update_cxl: this BenchmarkMetrics was built without cxl=True")
-        self.cxl.update(pairs, units)
+        self.cxl.update(pairs, units, judged=judged)
 
     def sample_state(self) -> dict:
         """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),

@@ -233,8 +233,8 @@ class ZeroShotModel(L.LightningModule):
         (``Batch.query_texts``): one call per distinct text list, its rows put back in batch order. A class-name
         batch is one call with the class names, so phrase grounding is the same path, not a second one."""
         groups = batch.query_texts()
-        if len(groups) == 1:
-            return forward(batch.images, list(groups[0][0]))
+        if len(groups) <= 1:  # one text list (or an empty batch): one call
+            return forward(batch.images, list(groups[0][0]) if groups else batch.classes)
         parts = [(samples, forward(batch.images[samples.to(batch.images.device)], list(texts))) for texts, samples in groups]
         order = torch.cat([samples for samples, _ in parts]).argsort().to(parts[0][1].scores.device)
 
@@ -324,6 +324,18 @@ class ZeroShotModel(L.LightningModule):
         """The CheXlocalize-comparable metrics of every finding of the batch's counted images, at full
         resolution: regions from the dataset's records (original pixels), maps through the batch's affine;
         ``units`` ``[B]``: each sample's bootstrap unit (``batch_units``)."""
+        dataset = self.region_dataset(batch)
+        counted = batch.counted.nonzero().flatten().cpu()
+        regions = [dataset.records[int(batch.index[i])].regions for i in counted.tolist()]
+        pairs = full_resolution_pairs(saliency[counted.to(saliency.device)], batch.affine[counted.to(batch.affine.device)],
+                                      batch.images.shape[-1], batch.original_size[counted.to(batch.original_size.device)].cpu(),
+                                      regions, batch.classes)
+        units = units[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
+        self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
+
+    def region_dataset(self, batch: Batch):
+        """The ``XBenchDataset`` of ``batch``'s dataset, whose records hold the regions at full resolution (cxl mode):
+        ``region_datasets``' (a replay sets it), else the trainer's datamodule's."""
         dataset = self.region_datasets.get(batch.dataset)
         if dataset is None:
             datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
@@ -333,13 +345,7 @@ class ZeroShotModel(L.LightningModule):
                 raise ValueError(f"cxl=True needs the regions of {batch.dataset!r} at full resolution: run through an "
                                  "XBenchDataModule (the CLI's --data) or set model.region_datasets")
             self.region_datasets[batch.dataset] = dataset
-        counted = batch.counted.nonzero().flatten().cpu()
-        regions = [dataset.records[int(batch.index[i])].regions for i in counted.tolist()]
-        pairs = full_resolution_pairs(saliency[counted.to(saliency.device)], batch.affine[counted.to(batch.affine.device)],
-                                      batch.images.shape[-1], batch.original_size[counted.to(batch.original_size.device)].cpu(),
-                                      regions, batch.classes)
-        units = units[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
-        self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
+        return dataset
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank

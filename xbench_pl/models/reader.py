@@ -197,14 +197,7 @@ class ReaderModel(ZeroShotModel):
     def update_cxl(self, batch: Batch, saliency: torch.Tensor, units: torch.Tensor) -> None:
         """The cxl keys of every finding of the batch's counted images from the annotation itself at each image's full
         resolution (``reader_pair``; the eval-grid ``saliency`` is not used), pairs in the base class's order."""
-        dataset = self.region_datasets.get(batch.dataset)
-        if dataset is None:  # found as ZeroShotModel.update_cxl finds it
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-            dataset = {dm.name: dm.test_set for dm in getattr(datamodule, "datamodules", [])}.get(batch.dataset)
-            if dataset is None:
-                raise ValueError(f"cxl=True needs the regions of {batch.dataset!r} at full resolution: run through an "
-                                 "XBenchDataModule (the CLI's --data) or set model.region_datasets")
-            self.region_datasets[batch.dataset] = dataset
+        dataset = self.region_dataset(batch)
         counted = batch.counted.nonzero().flatten().cpu().tolist()
 
         def judged():  # lazily: one full-resolution pair at a time
@@ -215,7 +208,7 @@ class ReaderModel(ZeroShotModel):
                     yield self.judge(image_id, finding, region_mask(record.regions.get(finding), height, width), height, width), c
 
         units = units[torch.tensor(counted, dtype=torch.long)].repeat_interleave(len(batch.classes))
-        self.benchmark[batch.dataset].cxl.update(judged(), units.tolist(), judged=True)
+        self.benchmark[batch.dataset].update_cxl(judged(), units.tolist(), judged=True)
 
     def judge(self, image_id: str, finding: str, region: np.ndarray | None, height: int, width: int) -> tuple[float, float, float]:
         """``reader_pair`` of the reader's annotation of ``finding`` in ``image_id`` at full resolution against ``region``."""
