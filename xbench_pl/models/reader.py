@@ -69,9 +69,9 @@ Annotations = dict[str, dict[str, list[Region]]]
 SalientPoints = dict[str, dict[str, list[tuple[float, float]]]]
 
 
-def read_chexlocalize_annotations(path: Path) -> Annotations:
-    """A CheXlocalize RLE (``{"size", "counts"}``) or polygon (``[[[x, y], ...], ...]``) JSON as ``Annotations``."""
-    out: Annotations = {}
+def chexlocalize_tasks(path: Path):
+    """``(image_id, task, finding, value)`` of each task of a CheXlocalize JSON ``{cxr_id: {task: value}}`` (their
+    ``img_size`` entries skipped); a malformed entry or unknown task is a ``DataError`` naming the file and entry."""
     for image_id, tasks in read_json(path, dict).items():
         if not isinstance(tasks, dict):
             raise DataError(path, f"expected an object of tasks, got {type(tasks).__name__}", row=image_id)
@@ -80,12 +80,22 @@ def read_chexlocalize_annotations(path: Path) -> Annotations:
                 continue
             try:
                 finding = canonical(task, "chexlocalize")
-                read = CheXlocalizeDataModule.read_annotation if isinstance(value, list) else CheXlocalizeDataModule.read_segmentation
-                regions = read(value)
-            except (KeyError, ValueError, TypeError) as error:
+            except KeyError as error:
                 raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
-            if regions:
-                out.setdefault(image_id, {}).setdefault(finding, []).extend(regions)
+            yield image_id, task, finding, value
+
+
+def read_chexlocalize_annotations(path: Path) -> Annotations:
+    """A CheXlocalize RLE (``{"size", "counts"}``) or polygon (``[[[x, y], ...], ...]``) JSON as ``Annotations``."""
+    out: Annotations = {}
+    for image_id, task, finding, value in chexlocalize_tasks(path):
+        try:
+            read = CheXlocalizeDataModule.read_annotation if isinstance(value, list) else CheXlocalizeDataModule.read_segmentation
+            regions = read(value)
+        except (KeyError, ValueError, TypeError) as error:
+            raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
+        if regions:
+            out.setdefault(image_id, {}).setdefault(finding, []).extend(regions)
     return out
 
 
@@ -95,21 +105,12 @@ def read_salient_points(path: str | Path) -> SalientPoints:
     if not path.is_file():
         raise DataError(path, "salient point file not found")
     out: SalientPoints = {}
-    for image_id, tasks in read_json(path, dict).items():
-        if not isinstance(tasks, dict):
-            raise DataError(path, f"expected an object of tasks, got {type(tasks).__name__}", row=image_id)
-        for task, points in tasks.items():
-            if task == "img_size":
-                continue
-            try:
-                finding = canonical(task, "chexlocalize")
-            except KeyError as error:
-                raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
-            if not isinstance(points, list) or not all(
-                    isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-                    for p in points):
-                raise DataError(path, "expected a list of [x, y] points", row=f"{image_id} / {task}")
-            out.setdefault(image_id, {}).setdefault(finding, []).extend((float(x), float(y)) for x, y in points)
+    for image_id, task, finding, points in chexlocalize_tasks(path):
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                for p in points):
+            raise DataError(path, "expected a list of [x, y] points", row=f"{image_id} / {task}")
+        out.setdefault(image_id, {}).setdefault(finding, []).extend((float(x), float(y)) for x, y in points)
     return out
 
 
