@@ -36,7 +36,6 @@ import torch
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import Record, XBenchDataModule, XBenchDataset
 from xbench_pl.data.errors import DataError
-from xbench_pl.data.io import read_image_size
 from xbench_pl.data.regions import Box
 from xbench_pl.external_maps import finding_name, replay_items
 from xbench_pl.predictions import Replayer
@@ -277,7 +276,7 @@ def score_box_file(path: str | Path, datamodule: XBenchDataModule, replayer: Rep
     records = {}
     for child in children:
         for record in evaluated[child.name]:
-            records[record.image_id] = (child, record, read_image_size(record.path))
+            records[record.image_id] = (child, record, child.image_sizes[record.image_id])
     rows, columns = read_boxes(path, children[0].report)
     kept = check_rows(rows, path, children, records)
     recognition = "score" if "score" in columns else "confidence" if "confidence" in columns else None

@@ -23,7 +23,6 @@ import torch
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import XBenchDataModule, XBenchDataset
 from xbench_pl.data.errors import DataError, Problem
-from xbench_pl.data.io import read_image_size
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess
 from xbench_pl.metrics.recognition import RECOGNITION_KEYS
@@ -197,7 +196,7 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
         part = kept[start:start + chunk]
         groups: dict[tuple[int, int], list] = {}
         for record in part:
-            height, width = read_image_size(record.path)
+            height, width = child.image_sizes[record.image_id]
             maps, row = [], []
             for finding in classes:
                 path, spelled = found[record.image_id][finding]

@@ -293,6 +293,7 @@ class XBenchDataModule(L.LightningDataModule):
         self.on_error, self.preprocess = on_error, preprocess
         self.images = ImageStore(cache_dir or os.environ.get(CACHE_ENV) or None, max_side)
         self.problems: list[Problem] = []
+        self.image_sizes: dict[str, tuple[int, int]] = {}  # per checked record's id, its image's (H, W) (check_images)
         self.test_set: XBenchDataset | None = None
         # image ids already evaluated elsewhere (a resumed prediction store): the test loader leaves them out
         self.skip_ids: set[str] = set()
@@ -394,7 +395,7 @@ class XBenchDataModule(L.LightningDataModule):
         return records
 
     def check_images(self, records: list[Record]) -> list[Record]:
-        """Find each image's size (decoding it fully in skip mode or when caching); drop the
+        """Find each image's size (decoding it fully in skip mode or when caching; kept in ``image_sizes``); drop the
         unreadable ones, and fit every region to its image."""
         decode = self.on_error == "skip" or self.images.cache_dir is not None
         probe = DataLoader(_ImageProbe(records, self.images, decode, self.dicom_groups), batch_size=None,
@@ -408,6 +409,7 @@ class XBenchDataModule(L.LightningDataModule):
                 continue
             if groups is not None:
                 record.groups = groups
+            self.image_sizes[record.image_id] = size
             self.fit_regions(record, *size)
             kept.append(record)
         return kept
