@@ -48,6 +48,9 @@ def test_each_sample_is_scored_and_mapped_with_its_own_phrases(tiny_clip):
         alone = tiny_clip.zero_shot(batch.images[b : b + 1], [own.get(c, c) for c in CLASSES])
         assert torch.allclose(out.scores[b], alone.scores[0], atol=1e-6)
         assert torch.allclose(out.saliency[b], alone.saliency[0], atol=1e-6)
+    # the phrase batch's texts are cached one by one: the two class names and the two phrases, once each
+    assert sorted(texts for (_, texts), _ in tiny_clip.text_cache if len(texts) == 1) == sorted(
+        [("Pneumothorax",), ("Pleural Effusion",), ("small left apical pneumothorax",), ("large right effusion",)])
     # the phrase, not the class name, was grounded where a sample has one
     by_name = tiny_clip.zero_shot(batch.images, CLASSES)
     assert not torch.allclose(out.saliency[0, 0], by_name.saliency[0, 0])

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from xbench_pl.data.base import Phrase
+
 CHEXZERO_POSITIVE = ("{}",)
 CHEXZERO_NEGATIVE = ("no {}",)
 
@@ -97,7 +99,8 @@ class EmbeddingCache:
 
 
 class TextEmbeddingCache(EmbeddingCache):
-    """Unit text embeddings ``[C, P, D]`` (class, polarity, dim) per (prompt set, classes, device).
+    """Unit text embeddings ``[C, P, D]`` (class, polarity, dim) per (prompt set, classes, device); a list holding
+    phrases (``data.base.Phrase``) per (prompt set, text, device), text by text.
 
     Every prompt of a class list is encoded once, in batches of ``batch_size`` through
     ``encode(texts) -> [N, D]``; later batches reuse the result.
@@ -112,7 +115,12 @@ class TextEmbeddingCache(EmbeddingCache):
     def get(
         self, prompts: PromptSet, classes: Sequence[str], device: torch.device, encode: Callable[[list[str]], torch.Tensor]
     ) -> torch.Tensor:
-        return self.get_or_compute((prompts, tuple(classes)), device, lambda: self.ensembles(prompts, classes, encode))
+        if not any(isinstance(c, Phrase) for c in classes):
+            return self.get_or_compute((prompts, tuple(classes)), device, lambda: self.ensembles(prompts, classes, encode))
+        # a sample's phrases (phrase grounding): each text kept on its own, so that the class names and phrases many
+        # samples share are encoded once, each the same whatever else a batch grounds (1 or N processes alike)
+        return torch.cat([self.get_or_compute((prompts, (str(c),)), device, lambda c=c: self.ensembles(prompts, [c], encode))
+                          for c in classes])
 
     def ensembles(self, prompts: PromptSet, classes: Sequence[str], encode: Callable[[list[str]], torch.Tensor]) -> torch.Tensor:
         """Per class and polarity, its templates' unit embeddings averaged and re-normalised."""
