@@ -142,6 +142,12 @@ def test_prompts_finding_names_and_free_text(files):
     assert model.prompt_for("left basal opacity") == "left basal opacity"  # a phrase: embedded as it is
     assert model.prompt_for(Phrase("opacity")) == "opacity"  # a dataset's phrase, though it spells a finding
     assert model.prompt_for("opacity") == "There is COVID-19 Opacity"  # a finding's name (COVID-R LabelMe's spelling)
+    images = torch.randn(2, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE, generator=torch.Generator().manual_seed(1))
+    phrased = model.zero_shot(images, ["Nodule", Phrase("left basal opacity")])  # a phrase set: cached text by text
+    assert {texts for texts, _ in model._text_cache} >= {(model.prompt_for("Nodule"),), ("left basal opacity",)}
+    plain = model.zero_shot(images, ["Nodule", "left basal opacity"])
+    torch.testing.assert_close(phrased.saliency, plain.saliency, rtol=0, atol=1e-6)
+    model._text_cache.clear()
     out = model.zero_shot(torch.randn(1, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE), ["Nodule", "left basal opacity"])
     assert len(model._text_cache) == 1
     again = model.zero_shot(torch.randn(1, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE), ["Nodule", "left basal opacity"])

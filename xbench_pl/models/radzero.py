@@ -220,7 +220,7 @@ class RadZero(ZeroShotModel):
         """``"There is {name}"`` for a finding (any spelling ``canonical`` knows; their spelling of it), else the text
         itself: a phrase, as written (a dataset's phrases, ``Phrase``, even one that spells a finding: "opacity")."""
         if isinstance(text, Phrase):
-            return str(text)
+            return text
         if text in self.texts:
             return self.texts[text]
         try:
@@ -243,12 +243,16 @@ class RadZero(ZeroShotModel):
 
     @torch.no_grad()
     def text_embeddings(self, prompts: tuple[str, ...]) -> torch.Tensor:
-        """The pooled text vectors ``[C, D]`` (before the shared norm), cached per (prompts, device)."""
-        def encode() -> torch.Tensor:
+        """The pooled text vectors ``[C, D]`` (before the shared norm), cached per (prompts, device); prompts holding a
+        dataset's phrases (``Phrase``) text by text."""
+        def encode(texts: tuple[str, ...]) -> torch.Tensor:
             with torch.autocast(self.device.type, enabled=False):
-                return self.encode_text(prompts).float()
+                return self.encode_text(texts).float()
 
-        return self._text_cache.get_or_compute(tuple(prompts), self.device, encode)
+        if not any(isinstance(p, Phrase) for p in prompts):
+            return self._text_cache.get_or_compute(tuple(prompts), self.device, lambda: encode(tuple(prompts)))
+        # a sample's phrases: text by text, as prompts.TextEmbeddingCache keeps them (each the same whatever the batch)
+        return torch.cat([self._text_cache.get_or_compute((str(p),), self.device, lambda p=p: encode((str(p),))) for p in prompts])
 
     # -- inference -----------------------------------------------------------------------------
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
