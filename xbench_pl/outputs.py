@@ -88,6 +88,14 @@ def write_results(out: str | Path, files: Mapping[str, str]) -> Path:
     return out
 
 
+def replicate_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
+    """The keys whose per-class replicates a table keeps in ``ci["replicates"]`` (``resampling.kept_replicates``): those
+    the report shows as a share of a reader run's (Pointing Game, Dice/IoU at the fixed threshold, Dice best, the cxl
+    keys). Here, without torch, for the report too."""
+    t = f"{fixed_threshold:g}"
+    return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "cxl_hit_rate", "cxl_miou")
+
+
 #: beside metrics.json: each table's bootstrap replicates (``ci.replicates``), by table path (``split_replicates``)
 REPLICATES_FILE = "replicates.json"
 

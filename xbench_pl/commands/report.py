@@ -41,7 +41,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.outputs import check_writable, read_metrics
+from xbench_pl.outputs import check_writable, read_metrics, replicate_keys
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -349,8 +349,6 @@ def explainers_used(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 # -- against a radiologist (the reader ceiling) ----------------------------------------------------
 #: the keys of the "Against a radiologist" tables: each model's value as a share of the reader's; the cxl keys too
 #: where the reader run has them (``--model.cxl``: CheXlocalize's human benchmark)
-READER_KEYS = ("pointing_game", "dice@0.5", "iou@0.5", "dice_best")
-READER_CXL_KEYS = ("cxl_hit_rate", "cxl_miou")
 READER_NOTE = ("Shares are model ÷ reader × 100 of the point estimates. Their 95% intervals come from the same bootstrap "
                "draws: where a model's run and the reader's were resampled over the same units with the same resamples and "
                "seed (metrics.json's ci.draws), each replicate's share is the model's replicate ÷ the reader's, and the "
@@ -387,8 +385,12 @@ def share_interval(values: list, references: list, level: float = 0.95) -> list[
 
 def macro_replicates(by_class: dict[str, list]) -> list:
     """Per replicate the mean over the classes defined in it (None where none is), as a table's ``mean`` interval."""
-    columns = list(zip(*by_class.values()))
-    return [(sum(d) / len(d)) if (d := [v for v in column if v is not None]) else None for column in columns]
+    return [_mean(list(column)) for column in zip(*by_class.values())]
+
+
+#: the keys shown as a share of the reader's: those whose replicates a table keeps (``outputs.replicate_keys``)
+READER_KEYS = tuple(k for k in replicate_keys() if not k.startswith("cxl_"))
+CXL_REPLICATES = tuple(k for k in replicate_keys() if k.startswith("cxl_"))
 
 
 def draws_problem(run_ci: dict | None, reader_ci: dict | None) -> str | None:
@@ -418,7 +420,7 @@ def against_reader(runs: list[Run]) -> dict:
         if not readers:
             continue
         reader = readers[0].metrics["datasets"][dataset]
-        keys = READER_KEYS + tuple(k for k in READER_CXL_KEYS if reader.get("mean", {}).get(k) is not None)
+        keys = READER_KEYS + tuple(k for k in CXL_REPLICATES if reader.get("mean", {}).get(k) is not None)
         findings = list(reader.get("classes", {}))
         ref = {"mean": {k: reader.get("mean", {}).get(k) for k in keys},
                "classes": {f: {k: reader["classes"][f].get(k) for k in keys} for f in findings}}
@@ -752,8 +754,8 @@ window.addEventListener("load", function () {
 """
 
 
-def _figure_html(name: str, folder: Path, caption: str) -> str:
-    return (f'<figure><img src="{_data_uri(folder / name)}" alt="{html.escape(caption)}">'
+def _figure_html(path: Path, caption: str) -> str:
+    return (f'<figure><img src="{_data_uri(path)}" alt="{html.escape(caption)}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
@@ -781,7 +783,7 @@ def explainer_section(runs: list[Run], grid: dict, figures: Path) -> tuple[list[
     figure_explainers(grid, figures / EXPLAINER_FIGURE)
     caption = "Pointing Game per model (a group of bars) and explainer (a bar), per dataset"
     md += ["", f"![{caption}](figures/{EXPLAINER_FIGURE})", "", f"*{caption}*"]
-    doc.append(_figure_html(EXPLAINER_FIGURE, figures, caption))
+    doc.append(_figure_html(figures / EXPLAINER_FIGURE, caption))
     h, r = explainers_used(runs)
     md += ["", "### Where each run's maps come from", "", _md_table(h, r)]
     doc += ["<h3>Where each run's maps come from</h3>", _html_table(h, r)]
@@ -830,7 +832,7 @@ def build(runs: list[Run], out: Path) -> dict:
     doc.append("<h2>Recognition against grounding, calibration gap</h2>")
     for name, caption in fig_text:
         md += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
-        doc.append(f'<figure><img src="{_data_uri(figures / name)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+        doc.append(_figure_html(figures / name, caption))
     stats = correlation_stats(auroc_pg_points(runs))
     (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model,
                                                            "explainer": r.explainer} for r in runs],
@@ -866,7 +868,7 @@ def build(runs: list[Run], out: Path) -> dict:
             doc.append(f'<h3>{html.escape(title)}</h3><div class="gallery">' if title.startswith("Heatmap") else f"<h3>{html.escape(title)}</h3><div>")
             for path, caption in images:
                 md.append(f"![{caption}]({Path(os.path.relpath(path, out)).as_posix()})")
-                doc.append(f'<figure><img src="{_data_uri(path)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+                doc.append(_figure_html(path, caption))
             doc.append("</div>")
     (out / "report.md").write_text("\n".join(md) + "\n")
     page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>XBench report</title>'

@@ -39,6 +39,7 @@ from torchmetrics import Metric
 from xbench_pl.data.groups import GROUPS, UNKNOWN
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
+from xbench_pl.outputs import replicate_keys
 from xbench_pl.metrics.functional import (
     area_fraction,
     best_threshold,
@@ -75,7 +76,6 @@ from xbench_pl.metrics.resampling import (
     draws_id,
     intervals,
     kept_replicates,
-    replicate_keys,
     resampled_means,
     strata_means,
     unit_name,

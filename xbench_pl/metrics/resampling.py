@@ -47,13 +47,6 @@ def unit_key(image_id: str, patient_id: str | None = None) -> int:
     return image_key(image_id) if patient_id is None else image_key(f"patient:{patient_id}")
 
 
-def replicate_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:
-    """The keys whose per-class replicates a table keeps in ``ci["replicates"]`` (``kept_replicates``): those the report
-    shows as a share of a reader run's (Pointing Game, Dice/IoU at the fixed threshold, Dice best, the cxl keys)."""
-    t = f"{fixed_threshold:g}"
-    return ("pointing_game", f"dice@{t}", f"iou@{t}", "dice_best", "cxl_hit_rate", "cxl_miou")
-
-
 def draws_id(universe: torch.Tensor, resamples: int, seed: int) -> str:
     """What fixes a table's bootstrap draws: a BLAKE2b digest of the sorted unit keys ``universe`` (int64), ``resamples``
     and ``seed``. Two tables with the same id were resampled on the same draws, replicate by replicate."""

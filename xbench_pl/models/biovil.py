@@ -55,12 +55,11 @@ import torch.nn.functional as F
 from jsonargparse.typing import PositiveInt
 from torch import nn
 
-from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_weights, read_checkpoint
 from xbench_pl.models.layers import ResNetPatches
 from xbench_pl.models.layers.cxr_bert import CXRBert
-from xbench_pl.models.local_files import bert_config, checkpoint_file, local_folder, read_architecture
+from xbench_pl.models.local_files import bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
 
 ARCHITECTURE_KEYS = ("image", "text", "smoothing", "preprocess")
@@ -210,7 +209,7 @@ class BioViL(ZeroShotModel):
         text_config = bert_config(str(folder), base)
         build_weights(lambda: self.build(config, text_config), random_init=weights is None)
         self.text.bert.check_tokenizer(self.tokenizer, f"text folder {folder}", "its vocab.txt does not fit its config.json")
-        self.preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()})
+        self.preprocess = preprocess_from(config)
         self.text_cache = TextEmbeddingCache(text_batch_size)
         if weights is None:
             self.warn_random_weights()
