@@ -121,16 +121,16 @@ def test_cnr_metric_and_table_key_accumulate_bit_identically_in_any_split():
 
 
 def test_test_step_passes_what_the_crop_cut_off_and_the_table_leaves_it_out():
-    """``seen_on_eval_grid`` is exactly where ``warp_to_eval_grid`` put the map's minimum (a centre crop's cut-off
+    """``warped_and_seen``'s mask is exactly where ``warp_to_eval_grid`` put the map's minimum (a centre crop's cut-off
     sides), and BenchmarkMetrics' cnr, given it, is the mean of the per-pair values over the seen pixels."""
-    from xbench_pl.geometry import Preprocess, seen_on_eval_grid, warp_to_eval_grid
+    from xbench_pl.geometry import Preprocess, warp_to_eval_grid, warped_and_seen
 
     preprocess = Preprocess("crop", 56)
     sizes = torch.tensor([[300, 200], [200, 300]])
     affine = torch.tensor([preprocess.plan(*s.tolist())[1] for s in sizes], dtype=torch.float64)
     maps = torch.rand(2, 7, 7, generator=torch.Generator().manual_seed(0)) + 1
     warped = warp_to_eval_grid(maps, affine, 56, sizes, 64)
-    seen = seen_on_eval_grid(affine, 56, sizes, 64)
+    seen = warped_and_seen(maps, affine, 56, sizes, 64)[1]
     assert (~seen).any(1).any(1).all() and seen.any(1).any(1).all()  # both images lose a band to the crop
     assert torch.equal(warped[~seen], maps.flatten(1).amin(1)[:, None, None].expand_as(warped)[~seen])
     masks = torch.zeros(2, 64, 64, dtype=torch.bool)

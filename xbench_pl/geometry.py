@@ -161,12 +161,21 @@ def warp_to_eval_grid(
     minimum, so they count as background. The affine is axis-aligned, so the resampling is
     separable: two small matrix products instead of a per-pixel gather.
     """
+    return warped_and_seen(maps, affine, input_size, original_size, eval_size)[0]
+
+
+def warped_and_seen(
+    maps: torch.Tensor, affine: torch.Tensor, input_size: int, original_size: torch.Tensor, eval_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``warp_to_eval_grid``'s maps ``[K, E, E]`` and which of their pixels the model saw ``[K, E, E]`` bool (False
+    outside a centre crop: those hold the map's minimum)."""
     u, v = input_coordinates(affine, original_size, eval_size)
     h, w = maps.shape[-2:]
     rows, cols = _bilinear_weights(v, h, input_size), _bilinear_weights(u, w, input_size)
     warped = rows @ maps.float() @ cols.transpose(1, 2)
     floor = maps.flatten(1).amin(dim=1).float()[:, None, None].expand_as(warped)
-    return torch.where(seen_pixels(u, v, input_size), warped, floor)
+    seen = seen_pixels(u, v, input_size)
+    return torch.where(seen, warped, floor), seen
 
 
 def input_coordinates(affine: torch.Tensor, original_size: torch.Tensor, eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,9 +188,3 @@ def input_coordinates(affine: torch.Tensor, original_size: torch.Tensor, eval_si
 def seen_pixels(u: torch.Tensor, v: torch.Tensor, input_size: int) -> torch.Tensor:
     """``[K, E, E]`` bool: the eval pixels whose centre lies in the model input (``input_coordinates``)."""
     return ((v >= 0) & (v <= input_size))[:, :, None] & ((u >= 0) & (u <= input_size))[:, None, :]
-
-
-def seen_on_eval_grid(affine: torch.Tensor, input_size: int, original_size: torch.Tensor, eval_size: int) -> torch.Tensor:
-    """``[K, E, E]`` bool: the eval pixels of each image the model saw (False outside a centre crop); the others hold
-    the map's minimum after ``warp_to_eval_grid``."""
-    return seen_pixels(*input_coordinates(affine, original_size, eval_size), input_size)

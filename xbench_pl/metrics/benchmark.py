@@ -259,7 +259,7 @@ class BenchmarkMetrics(nn.Module):
         (image, finding) pairs where the finding is absent, ``row`` indexing ``scores`` (``negatives=True``).
         ``groups``: per group name, each scored image's value (``Record.groups``; a missing name or None: all
         ``unknown``); ``pair_rows [N]``: each pair's row of ``scores`` (needed with ``groups``); ``seen [N, H, W]`` bool:
-        the pixels of each pair's map the model saw (``geometry.seen_on_eval_grid``; ``cnr`` leaves the others out;
+        the pixels of each pair's map the model saw (``geometry.warped_and_seen``; ``cnr`` leaves the others out;
         None: every pixel)."""
         if self.group_names:
             self._update_groups(groups, pair_rows, scores, labels, maps, masks, class_index,

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from xbench_pl.data.base import Batch
-from xbench_pl.geometry import Preprocess, seen_on_eval_grid, warp_to_eval_grid
+from xbench_pl.geometry import Preprocess, warp_to_eval_grid, warped_and_seen
 from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import checked_size_bounds, read_tuned_thresholds
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
@@ -282,10 +282,9 @@ class ZeroShotModel(L.LightningModule):
         counted_pairs = counted[batch.region_index[:, 0]]
         sample, cls = batch.region_index[counted_pairs].unbind(1)
         # the native map spans the input the model was given: take its size from the batch itself
-        maps = warp_to_eval_grid(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
-                                 batch.original_size[sample], batch.region_masks.shape[-1])
+        maps, seen = warped_and_seen(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
+                                     batch.original_size[sample], batch.region_masks.shape[-1])
         masks = batch.region_masks[counted_pairs]
-        seen = seen_on_eval_grid(batch.affine[sample], batch.images.shape[-1], batch.original_size[sample], masks.shape[-1])
         image_keys, units = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long), batch_units(batch)
         rows = counted.nonzero().flatten().cpu()
         groups = pair_rows = None
@@ -299,7 +298,7 @@ class ZeroShotModel(L.LightningModule):
                                              image_keys=image_keys[sample.cpu()], unit_keys=units[sample.cpu()],
                                              sample_keys=image_keys[rows], sample_units=units[rows], saliency=output.saliency[counted],
                                              negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None,
-                                             groups=groups, pair_rows=pair_rows, seen=seen.to(maps.device))
+                                             groups=groups, pair_rows=pair_rows, seen=seen)
         if self.benchmark[batch.dataset].cxl is not None:
             self.update_cxl(batch, output.saliency, units)
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))

@@ -90,6 +90,18 @@ class EmbeddingCache:
     def __iter__(self) -> Iterator[tuple]:
         return iter(self._store)
 
+    def get_texts(self, texts: Sequence[str], device: torch.device, compute: Callable[[list[str]], torch.Tensor],
+                  scope: Hashable = None) -> torch.Tensor:
+        """``compute(texts)`` ``[len(texts), ...]``, kept per (``scope``, texts, device). A list holding a sample's phrases
+        (``data.base.Phrase``: phrase grounding) is kept text by text, so that the class names and phrases many samples
+        share are computed once, each alone: the same whatever else a batch grounds (1 or N processes alike)."""
+        def key(part: tuple[str, ...]) -> Hashable:
+            return part if scope is None else (scope, part)
+
+        if not any(isinstance(t, Phrase) for t in texts):
+            return self.get_or_compute(key(tuple(texts)), device, lambda: compute(list(texts)))
+        return torch.cat([self.get_or_compute(key((str(t),)), device, lambda t=t: compute([t])) for t in texts])
+
     def get_or_compute(self, texts: Hashable, device: torch.device, compute: Callable[[], Any]) -> Any:
         """The value kept for ``(texts, device)``; ``compute()`` makes it the first time."""
         key = (texts, str(device))
@@ -115,12 +127,7 @@ class TextEmbeddingCache(EmbeddingCache):
     def get(
         self, prompts: PromptSet, classes: Sequence[str], device: torch.device, encode: Callable[[list[str]], torch.Tensor]
     ) -> torch.Tensor:
-        if not any(isinstance(c, Phrase) for c in classes):
-            return self.get_or_compute((prompts, tuple(classes)), device, lambda: self.ensembles(prompts, classes, encode))
-        # a sample's phrases (phrase grounding): each text kept on its own, so that the class names and phrases many
-        # samples share are encoded once, each the same whatever else a batch grounds (1 or N processes alike)
-        return torch.cat([self.get_or_compute((prompts, (str(c),)), device, lambda c=c: self.ensembles(prompts, [c], encode))
-                          for c in classes])
+        return self.get_texts(classes, device, lambda texts: self.ensembles(prompts, texts, encode), scope=prompts)
 
     def ensembles(self, prompts: PromptSet, classes: Sequence[str], encode: Callable[[list[str]], torch.Tensor]) -> torch.Tensor:
         """Per class and polarity, its templates' unit embeddings averaged and re-normalised."""

@@ -249,10 +249,7 @@ class RadZero(ZeroShotModel):
             with torch.autocast(self.device.type, enabled=False):
                 return self.encode_text(texts).float()
 
-        if not any(isinstance(p, Phrase) for p in prompts):
-            return self._text_cache.get_or_compute(tuple(prompts), self.device, lambda: encode(tuple(prompts)))
-        # a sample's phrases: text by text, as prompts.TextEmbeddingCache keeps them (each the same whatever the batch)
-        return torch.cat([self._text_cache.get_or_compute((str(p),), self.device, lambda p=p: encode((str(p),))) for p in prompts])
+        return self._text_cache.get_texts(prompts, self.device, lambda texts: encode(tuple(texts)))
 
     # -- inference -----------------------------------------------------------------------------
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
