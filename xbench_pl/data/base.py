@@ -409,13 +409,14 @@ class XBenchDataModule(L.LightningDataModule):
                 continue
             if groups is not None:
                 record.groups = groups
-            self.image_sizes[record.image_id] = size
-            self.fit_regions(record, *size)
-            kept.append(record)
+            if self.fit_regions(record, *size):
+                self.image_sizes[record.image_id] = size
+                kept.append(record)
         return kept
 
-    def fit_regions(self, record: Record, height: int, width: int) -> None:
-        """Fit each region to its image and to the eval grid; every change is reported.
+    def fit_regions(self, record: Record, height: int, width: int) -> bool:
+        """Fit each region to its image and to the eval grid; every change is reported. Returns whether the record
+        stays (here always; a dataset whose files declare each image's size refuses an image of another, ``ms_cxr``).
 
         A box reaching outside the image is clipped to it, and a polygon with a point outside
         the image extent ``[0, W] x [0, H]`` keeps its points (its fill is cut at the image
@@ -445,6 +446,7 @@ class XBenchDataModule(L.LightningDataModule):
                                                 f"image: {clipped}", row=row, action="clipped"))
                 kept.append(fitted)
             record.regions[finding] = kept
+        return True
 
     def why_empty(self, region: Region, height: int, width: int) -> str:
         """Why ``region`` covers no eval-pixel centre: outside the image, or too small for the grid."""

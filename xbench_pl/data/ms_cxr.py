@@ -154,7 +154,6 @@ class MSCXRDataModule(XBenchDataModule):
         self.image_root = None if image_root is None else Path(image_root)
         # image id -> (width, height) the csv gives, and the row giving it; checked against the image at setup
         self.declared_sizes: dict[str, tuple[tuple[int, int], Path, int]] = {}
-        self.wrong_size: set[str] = set()
 
     def find_csv(self) -> Path:
         if self.csv is not None:
@@ -195,7 +194,7 @@ class MSCXRDataModule(XBenchDataModule):
                     phrases.setdefault(key, [])
                 continue
             phrases.setdefault(key, []).append(parsed)
-        self.declared_sizes, self.wrong_size = {}, set()
+        self.declared_sizes = {}
         image_labels: dict[str, dict[str, int]] = {}  # each image's findings: those its kept phrases name
         for key, rows in phrases.items():
             if key not in broken and rows and rows[0].category in self.classes:
@@ -215,21 +214,15 @@ class MSCXRDataModule(XBenchDataModule):
             records.append(record)
         return records
 
-    def check_images(self, records: list[Record]) -> list[Record]:
-        """The base image check, less the images whose size is not the csv's (``fit_regions``)."""
-        kept = super().check_images(records)
-        return [record for record in kept if record.image_id not in self.wrong_size]
-
-    def fit_regions(self, record: Record, height: int, width: int) -> None:
+    def fit_regions(self, record: Record, height: int, width: int) -> bool:
         """The image's real size must be the csv's ``image_width x image_height``, else the boxes are not
         where it says: a bad input (left out with ``on_error='skip'``)."""
         (declared_width, declared_height), path, row = self.declared_sizes[record.image_id]
         if (width, height) != (declared_width, declared_height):
             self.report(DataError(path, f"image_width x image_height {declared_width}x{declared_height}, but the image "
                                         f"{record.path} is {width}x{height}", row=row))
-            self.wrong_size.add(record.image_id)
-            return
-        super().fit_regions(record, height, width)
+            return False
+        return super().fit_regions(record, height, width)
 
 
 # -- the synthetic demo --------------------------------------------------------------------------------
