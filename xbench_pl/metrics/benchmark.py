@@ -337,13 +337,9 @@ class BenchmarkMetrics(nn.Module):
                                                          masks[pairs.to(masks.device)], class_index[pairs.to(class_index.device)],
                                                          negatives=negative, **subset)
 
-    def _by_group(self, state: dict) -> dict:
+    def _by_group(self, state: dict, draws: tuple | None) -> dict:
         """``by_group``: per group ``n_images`` per value, the table of each known value's images, and ``gap``
         per key (``group_gap``), intervals and gaps on the dataset's own bootstrap draws (paired)."""
-        draws = None
-        if self.bootstrap and self.keyed and state["pairs"]["cls"].numel():
-            universe, unit = self.units(state)
-            draws = (universe, unit, bootstrap_weights(universe.numel(), self.bootstrap, self.bootstrap_seed))
         out = {}
         for name in self.group_names:
             counts = self.group_counts[name].compute().cpu().tolist()
@@ -358,11 +354,7 @@ class BenchmarkMetrics(nn.Module):
                 if draws is not None and counts[i] and sub["pairs"]["cls"].numel():
                     universe, unit, weights = draws
                     reps = metric.replicates(sub, universe, weights)
-                    boot = {k: intervals(v[:, :, None]) for k, v in reps.items()}
-                    row["ci"] = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
-                                 "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
-                                 "classes": {c: {k: interval(b["classes"][j, 0]) for k, b in boot.items()}
-                                             for j, c in enumerate(self.classes)}}
+                    row["ci"] = self.interval_table(reps, unit)
                     replicates[value] = {k: v.nanmean(1) for k, v in reps.items()}
                 means[value] = row["mean"] if counts[i] else None
                 entry[value] = row
@@ -442,10 +434,11 @@ class BenchmarkMetrics(nn.Module):
             defined = [row[k] for row in classes.values() if row[k] is not None]
             mean[k] = sum(defined) / len(defined) if defined else None
         mean.update({k: sum(row[k] for row in classes.values()) for k in COUNT_KEYS})
-        ci, by_size = self._resampled(state)
+        draws = self.draws(state)
+        ci, by_size = self._resampled(state, draws)
         out = {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
         if self.group_names:
-            out["by_group"] = self._by_group(state)
+            out["by_group"] = self._by_group(state, draws)
         return out
 
     # -- beyond the paper ------------------------------------------------------------------------
@@ -569,7 +562,22 @@ class BenchmarkMetrics(nn.Module):
         extra = state["cxl"]["unit"] if state["cxl"] is not None else unit[:0]  # cxl judges images without regions too
         return torch.unique(torch.cat([unit, extra]), sorted=True), unit_name(image, unit)
 
-    def _resampled(self, state: dict) -> tuple[dict | None, dict]:
+    def draws(self, state: dict) -> tuple[torch.Tensor, str, torch.Tensor] | None:
+        """The bootstrap's ``(units, unit name, weights [R, U])`` (``units``, ``bootstrap_weights``), drawn once for the
+        table's intervals and its subgroups' (paired); None without a bootstrap (``bootstrap=0``, no pairs, no keys)."""
+        if self.bootstrap == 0 or state["pairs"]["cls"].numel() == 0 or not self.keyed:
+            return None
+        universe, unit = self.units(state)
+        return universe, unit, bootstrap_weights(universe.numel(), self.bootstrap, self.bootstrap_seed)
+
+    def interval_table(self, replicates: dict[str, torch.Tensor], unit: str) -> dict:
+        """``ci``'s intervals of each key's replicates ``[R, C]``: ``{level, resamples, seed, unit, mean, classes}``."""
+        boot = {k: intervals(v[:, :, None]) for k, v in replicates.items()}
+        return {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
+                "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
+                "classes": {name: {k: interval(b["classes"][j, 0]) for k, b in boot.items()} for j, name in enumerate(self.classes)}}
+
+    def _resampled(self, state: dict, draws: tuple | None) -> tuple[dict | None, dict]:
         records, grounding = state["pairs"], state["grounding"]  # synced and sorted by (image key, class) on every rank
         keys = pair_keys(self.dice_iou.fixed_threshold)
         c = len(self.classes)
@@ -594,14 +602,11 @@ class BenchmarkMetrics(nn.Module):
                 macro[k] = sum(defined_here) / len(defined_here) if defined_here else None
             macro["n_regions"] = int(strata["pairs"][j].sum())
             by_size["mean"][s] = macro
-        if self.bootstrap == 0 or cls.numel() == 0 or not self.keyed:
+        if draws is None:
             return None, by_size
-        universe, unit = self.units(state)
-        replicates = self.replicates(state, universe, bootstrap_weights(universe.numel(), self.bootstrap, self.bootstrap_seed))
-        boot = {k: intervals(v[:, :, None]) for k, v in replicates.items()}
-        ci = {"level": 0.95, "resamples": self.bootstrap, "seed": self.bootstrap_seed, "unit": unit,
-              "mean": {k: interval(b["mean"][0]) for k, b in boot.items()},
-              "classes": {name: {k: interval(b["classes"][j, 0]) for k, b in boot.items()} for j, name in enumerate(self.classes)},
+        universe, unit, weights = draws
+        replicates = self.replicates(state, universe, weights)
+        ci = {**self.interval_table(replicates, unit),
               # for intervals of ratios between runs on the same draws (the report's % of reader; resampling.py)
               "units": int(universe.numel()), "draws": draws_id(universe, self.bootstrap, self.bootstrap_seed),
               "replicates": kept_replicates(replicates, self.classes, replicate_keys(self.dice_iou.fixed_threshold))}
