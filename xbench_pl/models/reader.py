@@ -178,14 +178,18 @@ class ReaderModel(ZeroShotModel):
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
         return replace(batch, images=images, affine=affine)
 
-    def reader_map(self, image_id: str, finding: str, height: int, width: int, size: int) -> np.ndarray:
-        """``[E, E]`` bool: the reader's regions of ``finding`` in ``image_id`` on its eval grid."""
-        regions = self.regions.get(image_id, {}).get(finding, [])
+    def drawn(self, image_id: str, finding: str, height: int, width: int, draw, *args) -> np.ndarray:
+        """``draw(regions, height, width, *args)`` of the reader's regions of ``finding`` in ``image_id`` (a
+        ``regions`` rasteriser); regions that do not fit the image are a ``DataError`` naming the annotation file."""
         try:
-            return rasterize_union(regions, height, width, size)
+            return draw(self.regions.get(image_id, {}).get(finding, []), height, width, *args)
         except ValueError as error:
             raise DataError(self.annotations, f"does not fit the {width}x{height} image: {error}",
                             row=f"{image_id} / {finding}") from None
+
+    def reader_map(self, image_id: str, finding: str, height: int, width: int, size: int) -> np.ndarray:
+        """``[E, E]`` bool: the reader's regions of ``finding`` in ``image_id`` on its eval grid."""
+        return self.drawn(image_id, finding, height, width, rasterize_union, size)
 
     def batch_output(self, batch: Batch) -> ZeroShotOutput:
         """Each image's annotation, looked up by its id and drawn on the eval grid at its original size."""
@@ -213,12 +217,7 @@ class ReaderModel(ZeroShotModel):
 
     def judge(self, image_id: str, finding: str, region: np.ndarray | None, height: int, width: int) -> tuple[float, float, float]:
         """``reader_pair`` of the reader's annotation of ``finding`` in ``image_id`` at full resolution against ``region``."""
-        regions = self.regions.get(image_id, {}).get(finding, [])
-        try:
-            annotation = rasterize_original(regions, height, width)
-        except ValueError as error:
-            raise DataError(self.annotations, f"does not fit the {width}x{height} image: {error}",
-                            row=f"{image_id} / {finding}") from None
+        annotation = self.drawn(image_id, finding, height, width, rasterize_original)
         points = None if self.salient_points is None else self.salient_points.get(image_id, {}).get(finding, ())
         try:
             return reader_pair(annotation, region, points)
