@@ -125,6 +125,9 @@ class ZeroShotModel(L.LightningModule):
     TRAINABLE: tuple[str, ...] = ()
     #: the module path of the image tower that explainers explain (None: a model without one, which explains nothing)
     IMAGE_TOWER: str | None = None
+    #: whether the cached text/query embeddings (``embedding_caches``) come from the model's own weights, so that loading
+    #: others clears them (MedKLIP's come from its separate text encoder: they stay valid)
+    CACHES_FOLLOW_WEIGHTS = True
     #: what explainers explain for each finding: ``"logits"`` where ``zero_shot`` gives them, else ``"scores"``
     EXPLAINER_TARGET = "scores"
 
@@ -391,6 +394,11 @@ class ZeroShotModel(L.LightningModule):
             for name in getattr(self, "frozen_modules", ()):  # none before __init__ has set them
                 self.get_submodule(name).eval()
         return self
+
+    def load_state_dict(self, *args, **kwargs):
+        if self.CACHES_FOLLOW_WEIGHTS:
+            self.clear_caches()  # the cached embeddings belong to the old weights
+        return super().load_state_dict(*args, **kwargs)
 
     def clear_caches(self) -> None:
         """Drop the model's cached text and query embeddings (every ``EmbeddingCache`` it holds). While

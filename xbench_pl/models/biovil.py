@@ -235,10 +235,6 @@ class BioViL(ZeroShotModel):
         load_weights(self.text, text_state, str(text_path), self.IGNORE_UNEXPECTED_TEXT)
         self.text_cache.clear()
 
-    def load_state_dict(self, *args, **kwargs):
-        self.text_cache.clear()  # cached text embeddings belong to the old weights
-        return super().load_state_dict(*args, **kwargs)
-
     # -- text ----------------------------------------------------------------------------------
     def tokenize(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """As their ``TextInput.tokenize_input_prompts``: trailing ``!?.`` stripped, special tokens, longest padding."""

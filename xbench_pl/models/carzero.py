@@ -260,11 +260,7 @@ class CARZero(ZeroShotModel):
     def load_checkpoint(self, path: Path) -> None:
         checkpoint = read_checkpoint(path, trust=self.trust_checkpoint, safe_globals=self.SAFE_GLOBALS)
         state = checkpoint_filter_fn(checkpoint, self, str(path))
-        load_weights(self, state, str(path), self.IGNORE_UNEXPECTED)  # load_state_dict clears self._text_cache
-
-    def load_state_dict(self, *args, **kwargs):
-        self._text_cache.clear()  # cached text embeddings belong to the old weights
-        return super().load_state_dict(*args, **kwargs)
+        load_weights(self, state, str(path), self.IGNORE_UNEXPECTED)  # ZeroShotModel.load_state_dict clears the caches
 
     # -- text ----------------------------------------------------------------------------------
     def prompt_for(self, finding: str) -> str:

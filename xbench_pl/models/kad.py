@@ -212,11 +212,7 @@ class KAD(ZeroShotModel):
         found, expected = image_layout(state), image_layout(self.state_dict())
         hint = "" if found == expected else (f"this looks like a checkpoint with a {found}; architecture "
                                              f"{self.architecture!r} expects a {expected}")
-        load_weights(self, state, str(path), self.IGNORE_UNEXPECTED, hint)  # load_state_dict clears self._query_cache
-
-    def load_state_dict(self, *args, **kwargs):
-        self._query_cache.clear()  # cached query embeddings belong to the old weights
-        return super().load_state_dict(*args, **kwargs)
+        load_weights(self, state, str(path), self.IGNORE_UNEXPECTED, hint)  # ZeroShotModel.load_state_dict clears the caches
 
     # -- queries -------------------------------------------------------------------------------
     def text_for(self, finding: str) -> str:

@@ -324,6 +324,7 @@ class MedKLIP(ZeroShotModel):
     RELEASED = "checkpoint_final.pth"
     INPUT_SIZES = {224: "medklip"}
     IMAGE_TOWER = "image"
+    CACHES_FOLLOW_WEIGHTS = False  # its query cache holds the separate text encoder's outputs
     KNOWLEDGE_HINT = ("the user's copy of MedKLIP's 'observation explanation.json' (MediaBrain-SJTU/MedKLIP, "
                       "PreTrain_MedKLIP/data_file/; 75 entity descriptions) as knowledge=FILE")
 

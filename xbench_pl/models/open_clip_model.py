@@ -314,10 +314,6 @@ class OpenCLIPModel(ZeroShotModel):
         return HFTokenizer(str(folder), context_length=context_length, **(text_cfg.get("tokenizer_kwargs") or {}))
 
     # -- encoders ------------------------------------------------------------------------------
-    def load_state_dict(self, *args, **kwargs):
-        self.text_cache.clear()  # cached text embeddings belong to the old weights
-        return super().load_state_dict(*args, **kwargs)
-
     def encode_text(self, texts: list[str]) -> torch.Tensor:
         return self.model.encode_text(self.tokenizer(texts).to(self.device))
 
