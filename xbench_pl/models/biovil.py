@@ -59,7 +59,8 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_weights, read_checkpoint
 from xbench_pl.models.layers import ResNetPatches
 from xbench_pl.models.layers.cxr_bert import CXRBert
-from xbench_pl.models.local_files import bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture
+from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
+                                          weights_in)
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
 
 ARCHITECTURE_KEYS = ("image", "text", "smoothing", "preprocess")
@@ -68,7 +69,6 @@ CHECKPOINT_HINT = ("a local BioViL image state dict: biovil_image_resnet50_proj_
                    "microsoft/BiomedVLP-BioViL-T)")
 TEXT_HINT = ("a local copy of the hub folder {} (text=DIR): config.json, vocab.txt, tokenizer_config.json, "
              "special_tokens_map.json and pytorch_model.bin or model.safetensors")
-TEXT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 # the authors' ImageModel names -> this model's ``visual`` names
 IMAGE_RENAMES = (("encoder.encoder.", "trunk."), ("encoder.backbone_to_vit.", "backbone_to_vit."),
@@ -202,7 +202,7 @@ class BioViL(ZeroShotModel):
         weights = checkpoint_file(checkpoint, random_init, f"BioViL({architecture!r})", CHECKPOINT_HINT)
         self.text_hint = TEXT_HINT.format(config["text"])
         folder = local_folder(text, "text", self.text_hint, f"BioViL({architecture!r})", [("config.json",), ("vocab.txt",)])
-        text_weights = None if weights is None else text_weights_file(folder, self.text_hint)
+        text_weights = None if weights is None else weights_in(folder, "text", self.text_hint)
         self.architecture = architecture
         self.sigma, self.truncate = float(config["smoothing"]["sigma"]), float(config["smoothing"]["truncate"])
         self.tokenizer = load_tokenizer(folder)
@@ -272,15 +272,6 @@ class BioViL(ZeroShotModel):
 
 
 # -- local files only --------------------------------------------------------------------------
-def text_weights_file(folder: Path, hint: str) -> Path:
-    for name in TEXT_WEIGHTS:
-        if (folder / name).is_file():
-            return folder / name
-    present = sorted(p.name for p in folder.iterdir())[:12]
-    raise FileNotFoundError(f"text folder {folder} holds no weights ({' or '.join(TEXT_WEIGHTS)}; it holds {present}): "
-                            f"it needs {hint}")
-
-
 def load_tokenizer(folder: Path):
     """The folder's WordPiece tokenizer (their ``CXRBertTokenizer`` is a ``BertTokenizer`` with its defaults)."""
     import transformers

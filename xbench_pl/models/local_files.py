@@ -40,6 +40,20 @@ def local_file(value: str | Path, what: str, hint: str) -> Path:
     return local_files(value, what, hint)[0]
 
 
+#: a Hugging Face model folder's weights, in transformers' order of preference
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_in(folder: Path, what: str, hint: str) -> Path:
+    """The first of ``HF_WEIGHT_FILES`` in ``folder`` (the ``what`` folder); ``FileNotFoundError`` naming what it holds."""
+    found = next((folder / name for name in HF_WEIGHT_FILES if (folder / name).is_file()), None)
+    if found is None:
+        present = sorted(p.name for p in folder.iterdir())[:12]
+        raise FileNotFoundError(f"{what} folder {folder} holds no weights: it holds none of {list(HF_WEIGHT_FILES)} "
+                                f"(it holds {present}); expected {hint}")
+    return found
+
+
 def checkpoint_file(checkpoint: str | Path | None, random_init: bool, owner: str, hint: str) -> Path | None:
     """The local checkpoint file, or ``None`` for a ``random_init`` model; ``owner`` (e.g. ``KAD('kad-512')``)
     names the model in the error when neither is given."""

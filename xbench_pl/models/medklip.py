@@ -79,14 +79,14 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint)
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
-from xbench_pl.models.local_files import checkpoint_file, local_file, local_files, local_folder, preprocess_from, sized_architecture
+from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, local_file, local_files, local_folder, preprocess_from,
+                                          sized_architecture, weights_in)
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
 from xbench_pl.models.prompts import EmbeddingCache
 
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
 CACHE_FORMAT = 1
 CACHE_ENV = "XBENCH_CACHE_DIR"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TEXT_ENCODER_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_ClinicalBERT (text_encoder=DIR with "
                      "config.json, vocab.txt and model.safetensors or pytorch_model.bin)")
 
@@ -166,7 +166,7 @@ def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, 
 
 # -- text encoder (Bio_ClinicalBERT from a local folder) -----------------------------------------------------
 def text_encoder_folder(value: str | None) -> Path:
-    return local_folder(value, "text_encoder", TEXT_ENCODER_HINT, "the query book", [("config.json",), ("vocab.txt",), WEIGHT_FILES])
+    return local_folder(value, "text_encoder", TEXT_ENCODER_HINT, "the query book", [("config.json",), ("vocab.txt",), HF_WEIGHT_FILES])
 
 
 def fingerprint(folder: Path) -> str:
@@ -176,7 +176,7 @@ def fingerprint(folder: Path) -> str:
     for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         path = folder / name
         digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<absent>") + b"\0")
-    weights = next(folder / n for n in WEIGHT_FILES if (folder / n).is_file())
+    weights = weights_in(folder, "text_encoder", TEXT_ENCODER_HINT)
     stat = weights.stat()
     digest.update(f"{weights.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:24]
@@ -241,7 +241,7 @@ class TextEncoder:
             bert.check_tokenizer(self.tokenizer, f"text encoder {self.folder}: vocab.txt", "config.json's vocab_size is too small")
             if bert.embeddings.position_embeddings.num_embeddings < self.max_length:
                 raise ValueError(f"text encoder {self.folder}: max_position_embeddings < the query length {self.max_length}")
-            weights = next(self.folder / n for n in WEIGHT_FILES if (self.folder / n).is_file())
+            weights = weights_in(self.folder, "text_encoder", TEXT_ENCODER_HINT)
             load_weights(bert, read_bert_weights(weights), str(weights), self.IGNORE_UNEXPECTED,
                          f"expected the BERT weights of {TEXT_ENCODER_HINT}")
             self._bert = bert.eval()

@@ -68,12 +68,11 @@ from xbench_pl.data.base import Phrase
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_or_warn, load_weights, read_checkpoint
-from xbench_pl.models.local_files import (bert_config, local_file, local_folder, preprocess_from, read_architecture,
-                                          refuse_download, sized_architecture)
+from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
+                                          sized_architecture, weights_in)
 from xbench_pl.models.prompts import EmbeddingCache
 
 ARCHITECTURE_KEYS = ("vision", "text", "align", "similarity", "prompt", "preprocess")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CHECKPOINT_HINT = ("the weights of the Hugging Face model Deepnoid/RadZero saved locally: its model.safetensors (the state "
                    "dict of the authors' CxrAlignModel: vision_model.*, text_model.*, align_transformer.*, loss_fns.*) "
                    "or the folder holding it")
@@ -275,18 +274,9 @@ class RadZero(ZeroShotModel):
 # -- local files only --------------------------------------------------------------------------
 def weights_file(checkpoint: str | None, random_init: bool, architecture: str) -> Path | None:
     """The local weights file (``checkpoint`` itself, or ``model.safetensors`` / ``pytorch_model.bin`` in that folder)."""
-    if checkpoint is None:
-        if not random_init:
-            raise ValueError(f"RadZero({architecture!r}) needs checkpoint=: {CHECKPOINT_HINT}")
-        return None
-    refuse_download(checkpoint, "checkpoint", CHECKPOINT_HINT)
-    path = Path(checkpoint).expanduser()
-    if path.is_dir():
-        found = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
-        if found is None:
-            raise FileNotFoundError(f"checkpoint folder {path} holds none of {list(WEIGHT_FILES)}; expected {CHECKPOINT_HINT}")
-        return found
-    return local_file(path, "checkpoint", CHECKPOINT_HINT)
+    if checkpoint is not None and Path(checkpoint).expanduser().is_dir():
+        return weights_in(Path(checkpoint).expanduser(), "checkpoint", CHECKPOINT_HINT)
+    return checkpoint_file(checkpoint, random_init, f"RadZero({architecture!r})", CHECKPOINT_HINT)
 
 
 def load_tokenizer(folder: str | None) -> MPNetTokenizerFast:
