@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torchmetrics import Metric
 
-from xbench_pl.data.groups import GROUPS, UNKNOWN
+from xbench_pl.data.groups import GROUPS, UNKNOWN, parse_groups
 
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
 from xbench_pl.outputs import replicate_keys
@@ -231,10 +231,7 @@ class BenchmarkMetrics(nn.Module):
         self.keyed = True  # every update gave image keys (bootstrap and specificity need them)
         self.images_keyed = True  # every update gave sample keys (intervals of image-level and recognition keys)
         # subgroups: per group the images per value, and per known value the same metrics on its images alone
-        self.group_names = tuple(groups)
-        for name in self.group_names:
-            if name not in GROUPS:
-                raise ValueError(f"unknown group {name!r}: choose from {', '.join(GROUPS)}")
+        self.group_names = parse_groups(",".join(groups)) if groups else ()
         if not self.group_names:  # no submodules then: a table without groups holds exactly the metrics it had
             return
         self.group_counts = nn.ModuleDict({g: GroupCounts(len(GROUPS[g]) + 1) for g in self.group_names})
