@@ -56,7 +56,7 @@ from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_weights, read_checkpoint
+from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_weights, read_checkpoint, rename_prefix
 from xbench_pl.models.layers import ResNetPatches
 from xbench_pl.models.layers.cxr_bert import CXRBert
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
@@ -94,10 +94,7 @@ def checkpoint_filter_fn(state: object, model: "BioViLImage", source: str = "che
 
 
 def rename_image_key(key: str) -> str:
-    for old, new in IMAGE_RENAMES:
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
+    return rename_prefix(key, IMAGE_RENAMES)
 
 
 # -- image -------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
-                                          read_checkpoint)
+                                          read_checkpoint, rename_prefix)
 from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
@@ -131,11 +131,7 @@ def checkpoint_filter_fn(checkpoint: object, model: "CARZero", source: str = "ch
                 continue
             out["image." + rename_vit(inner)] = value
             continue
-        for old, new in PREFIXES:
-            if key.startswith(old):
-                key = new + key[len(old):]
-                break
-        out[key] = value
+        out[rename_prefix(key, PREFIXES)] = value
     return out
 
 

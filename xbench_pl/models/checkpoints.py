@@ -436,6 +436,14 @@ def merge_parts(checkpoint: object, parts: Mapping[str, str], source: str, layou
     return merged
 
 
+def rename_prefix(key: str, renames: Iterable[tuple[str, str]]) -> str:
+    """``key`` with the first matching ``(old prefix, new prefix)`` of ``renames`` replaced (a family's filter table)."""
+    for old, new in renames:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
 def guess_layout(keys: Iterable[str]) -> str:
     """A hint naming the family a foreign state dict's keys look like (empty if unknown)."""
     keys = set(keys)

@@ -56,7 +56,7 @@ from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, load_or_warn, load_weights, merge_parts,
-                                          read_checkpoint)
+                                          read_checkpoint, rename_prefix)
 from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatches, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           resolve_file, sized_architecture)
@@ -83,10 +83,7 @@ ARCHITECTURE_KEYS = ("image", "text", "decoder", "preprocess", "queries")
 
 
 def rename(key: str) -> str:
-    for old, new in RENAMES:
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
+    return rename_prefix(key, RENAMES)
 
 
 def image_layout(state: dict[str, torch.Tensor]) -> str:

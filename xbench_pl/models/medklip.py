@@ -77,7 +77,7 @@ from torch import nn
 
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
-                                          read_checkpoint)
+                                          read_checkpoint, rename_prefix)
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
 from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, local_file, local_files, local_folder, preprocess_from,
                                           sized_architecture, weights_in)
@@ -404,10 +404,7 @@ class MedKLIP(ZeroShotModel):
     # -- weights ---------------------------------------------------------------------------------
     @classmethod
     def rename(cls, key: str) -> str:
-        for old, new in cls.RENAMES:
-            if key.startswith(old):
-                return new + key[len(old):]
-        return key
+        return rename_prefix(key, cls.RENAMES)
 
     def load_checkpoint(self, path: Path) -> None:
         checkpoint = read_checkpoint(path)

@@ -67,7 +67,7 @@ from transformers.models.dinov2.modeling_dinov2 import Dinov2Embeddings, Dinov2E
 from xbench_pl.data.base import Phrase
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
-from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_or_warn, load_weights, read_checkpoint
+from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_layout, load_or_warn, load_weights, read_checkpoint, rename_prefix
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture, weights_in)
 from xbench_pl.models.prompts import EmbeddingCache
@@ -108,10 +108,7 @@ def checkpoint_filter_fn(state: object, source: str = "checkpoint") -> dict[str,
                               f"align_transformer. (e.g. {keys[:4]}){guess_layout(keys)}; expected {CHECKPOINT_HINT}")
     out = {}
     for key, value in state.items():
-        for old, new in PREFIXES:
-            if key.startswith(old):
-                key = new + key[len(old):]
-                break
+        key = rename_prefix(key, PREFIXES)
         if key.startswith(("image.encoder.layer.", "align.layer.")):
             for old, new in DINOV2_ATTENTION:
                 key = key.replace(old, new)
