@@ -12,8 +12,9 @@ from PIL import Image
 from test_report_html import write_run
 
 from xbench_pl.commands import main as cli_main
-from xbench_pl.commands.report import (COLUMNS_PER_TABLE, EXPLAINER_FIGURE, EXPLAINERS, explainer_grid, figure_explainers,
-                                       find_runs)
+from xbench_pl.commands.report.explainers import EXPLAINER_FIGURE, EXPLAINERS, explainer_grid, figure_explainers
+from xbench_pl.commands.report.runs import find_runs
+from xbench_pl.commands.report.tables import COLUMNS_PER_TABLE
 
 MODELS = ("clip", "biomedclip")
 EXPLAINED = ("native", "gradcam", "chefer")

@@ -10,7 +10,8 @@ from test_report_explainers import _tables
 from test_report_html import FINDINGS, write_run
 
 from xbench_pl.commands import main as cli_main
-from xbench_pl.commands.report import READER_KEYS, find_runs, is_reader
+from xbench_pl.commands.report.reader import READER_FLOOR, READER_KEYS, is_reader
+from xbench_pl.commands.report.runs import find_runs
 
 DATASETS = ("demo", "demo_dicom")
 SEX = {"n_images": {"F": 6, "M": 5, "unknown": 1}}
@@ -69,21 +70,23 @@ def test_share_of_reader_tables_and_json(reported):
     # these fabricated runs keep no replicates: shares without intervals, and the report says why
     assert "No intervals for clip: the reader run kept no bootstrap replicates" in md
     ref = metrics["reader"]["datasets"]["demo"]
-    (table,) = _tables(md, "demo: macro means, value (% of reader [95% CI])")
-    assert table[0] == ["model", "PG", "Dice", "IoU", "Dice best"]
+    (table,) = _tables(md, "demo: macro means, the reader's and each run's value (% of reader [95% CI])")
+    assert table[0] == ["run", "PG", "Dice", "IoU", "Dice best"]
     rows = {row[0]: row[1:] for row in table[1:]}
-    assert rows["reader (reader)"] == [f"{ref['mean'][k]:.3f}" for k in READER_KEYS]
+    assert rows["reader"] == [f"{ref['mean'][k]:.3f}" for k in READER_KEYS]
     for model in ("clip", "center"):
         mine = metrics[model]["datasets"]["demo"]["mean"]
         assert rows[model] == [f"{mine[k]:.3f} ({100 * mine[k] / ref['mean'][k]:.1f}%)" for k in READER_KEYS]
-    (table,) = _tables(md, "demo: Dice per finding, % of reader [95% CI]")
-    assert table[0] == ["finding", "reader (reader)", "clip % of reader", "center % of reader"]
+        assert min(ref["mean"][k] for k in READER_KEYS) >= READER_FLOOR
+    (table,) = _tables(md, "demo: Dice per finding, the reader's value and each run's % of it [95% CI]")
+    assert table[0] == ["finding", "reader", "clip", "center"]  # each run by its one label
     for row in table[1:]:
         finding = row[0]
         assert row[1] == f"{ref['classes'][finding]['dice@0.5']:.3f}"
         for cell, model in zip(row[2:], ("clip", "center")):
             value = metrics[model]["datasets"]["demo"]["classes"][finding]["dice@0.5"]
-            assert cell == ("–" if finding == "Nodule" else f"{100 * value / ref['classes'][finding]['dice@0.5']:.1f}%")
+            reference = ref["classes"][finding]["dice@0.5"]  # Nodule's 0: below the floor
+            assert cell == ("–†" if reference < READER_FLOOR else f"{100 * value / reference:.1f}%")
     assert [row[0] for row in table[1:]] == FINDINGS
     stored = json.loads((tmp / "out" / "report.json").read_text())["against_reader"]
     assert list(stored) == ["demo"] and stored["demo"]["reader"] == "reader" and stored["demo"]["keys"] == list(READER_KEYS)

@@ -1,6 +1,6 @@
 """% of reader with bootstrap intervals from the same draws: two real benchmark tables on the same images (a reader's
-binary maps and a model's) through the report, against a loop over the draws written here; a run over other units
-gets no interval and the report says why."""
+binary maps and a model's) through the report, against a loop over the draws written here; a run on other draws
+gets no interval and the report says why (a run over other images: test_report_image_sets.py)."""
 
 import json
 
@@ -31,16 +31,17 @@ def boxes(gen, n):
 
 
 def inputs(seed=0):
-    """Every (image, finding) pair with a box region; the reader's and the model's maps are other binary boxes."""
+    """Every (image, finding) pair with a box region; the reader's map covers it and more, the model's is another box."""
     gen = torch.Generator().manual_seed(seed)
     n = N_IMAGES * len(CLASSES)
-    return {"ids": [f"img{i}" for i in range(N_IMAGES)], "masks": boxes(gen, n), "reader": boxes(gen, n), "model": boxes(gen, n),
+    masks = boxes(gen, n)  # the reader marks each region and a box beside it: well above the report's floor
+    return {"ids": [f"img{i}" for i in range(N_IMAGES)], "masks": masks, "reader": masks | boxes(gen, n), "model": boxes(gen, n),
             "image": torch.arange(N_IMAGES).repeat_interleave(len(CLASSES)), "cls": torch.arange(len(CLASSES)).repeat(N_IMAGES),
             "scores": torch.rand(N_IMAGES, len(CLASSES), generator=gen), "labels": torch.ones(N_IMAGES, len(CLASSES), dtype=torch.long)}
 
 
-def table(x, maps: str, images: list[int]) -> dict:
-    bench = BenchmarkMetrics(CLASSES, bootstrap=RESAMPLES, bootstrap_seed=SEED)
+def table(x, maps: str, images: list[int], seed: int = SEED) -> dict:
+    bench = BenchmarkMetrics(CLASSES, bootstrap=RESAMPLES, bootstrap_seed=seed)
     rows = torch.isin(x["image"], torch.tensor(images))
     keys = torch.tensor([image_key(i) for i in x["ids"]])
     bench.update(x["scores"][images], x["labels"][images], x[maps][rows].float(), x["masks"][rows], x["cls"][rows],
@@ -97,7 +98,7 @@ def reported(tmp_path_factory):
     every = list(range(N_IMAGES))
     write(tmp / "reader", "reader", {"demo": table(x, "reader", every)})
     write(tmp / "clip", "clip", {"demo": table(x, "model", every)})
-    write(tmp / "center", "center", {"demo": table(x, "model", every[:-2])})  # two images fewer: other units
+    write(tmp / "center", "center", {"demo": table(x, "model", every, seed=SEED + 1)})  # other draws
     assert cli_main(["report", *(str(tmp / n) for n in ("reader", "clip", "center")), "--out", str(tmp / "out")]) == 0
     return tmp, x
 
@@ -121,16 +122,16 @@ def test_report_shows_the_intervals_and_why_a_run_has_none(reported):
     md = (tmp / "out" / "report.md").read_text()
     entry = json.loads((tmp / "out" / "report.json").read_text())["against_reader"]["demo"]
     clip, center = entry["models"]["clip"], entry["models"]["center"]
-    assert "not resampled over the same units (8 images here, 10 in the reader run)" in center["draws"]
+    assert center["draws"] == f"other draws (resamples {RESAMPLES}, seed {SEED + 1} here; {RESAMPLES}, {SEED} in the reader run)"
     assert f"No intervals for center: {center['draws']}." in md
     assert all(center["mean"][k]["ci"] is None and center["mean"][k]["percent"] is not None for k in KEYS)
-    (means,) = _tables(md, "demo: macro means, value (% of reader [95% CI])")
+    (means,) = _tables(md, "demo: macro means, the reader's and each run's value (% of reader [95% CI])")
     rows = {row[0]: row[1:] for row in means[1:]}
     cell = clip["mean"]["pointing_game"]
     lo, hi = cell["ci"]
     assert rows["clip"][0] == f"{cell['value']:.3f} ({cell['percent']:.1f}% [{lo:.1f}, {hi:.1f}])"
     assert rows["center"][0] == f"{center['mean']['pointing_game']['value']:.3f} ({center['mean']['pointing_game']['percent']:.1f}%)"
-    (dice,) = _tables(md, "demo: Dice per finding, % of reader [95% CI]")
+    (dice,) = _tables(md, "demo: Dice per finding, the reader's value and each run's % of it [95% CI]")
     for row in dice[1:]:
         c = clip["classes"][row[0]]["dice@0.5"]
         assert row[2] == f"{c['percent']:.1f}% [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]"

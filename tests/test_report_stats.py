@@ -7,7 +7,8 @@ import pytest
 from test_report_html import write_run
 
 from xbench_pl.commands import main as cli_main
-from xbench_pl.commands.report import auroc_pg_points, correlation_stats, find_runs
+from xbench_pl.commands.report.correlation import auroc_pg_points, correlation_stats
+from xbench_pl.commands.report.runs import find_runs
 
 
 def test_pearson_r_and_r2_per_model_and_overall_match_numpy(tmp_path):

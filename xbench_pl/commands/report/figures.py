@@ -1,0 +1,20 @@
+"""What every figure of the report shares: its size in inches at one resolution, a constrained layout, and labels
+wrapped to a width. matplotlib is imported only when a figure is drawn (the command starts without it)."""
+
+from __future__ import annotations
+
+import textwrap
+
+#: characters per line of a wrapped tick label (a run's or a model's name)
+LABEL_WIDTH = 32
+
+
+def new_figure(width: float, height: float):
+    """A matplotlib ``Figure`` (no pyplot: nothing global) of ``width`` x ``height`` inches."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def wrapped(text: str) -> str:
+    return textwrap.fill(text, LABEL_WIDTH)
