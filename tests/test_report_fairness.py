@@ -140,3 +140,46 @@ def test_sections_absent_without_reader_or_groups(tmp_path):
         assert "Against a radiologist" not in text and "Fairness" not in text
     stored = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "against_reader" not in stored and "fairness" not in stored
+
+
+def test_no_share_of_a_reader_who_marked_nearly_nothing(tmp_path):
+    """The reader's Dice of 0.01 on Atelectasis (and its macro IoU of 0.02): "–†" and the floor's note, not 4,000 %;
+    report.json's percent None there."""
+    write_run(tmp_path / "clip", "clip", 11)
+    write_run(tmp_path / "reader", "reader", 12)
+
+    def reader(m: dict) -> None:
+        m["datasets"]["demo"]["classes"]["Atelectasis"]["dice@0.5"] = 0.01
+        m["datasets"]["demo"]["mean"]["iou@0.5"] = 0.02
+
+    _edit(tmp_path / "reader", reader)
+    clip = _edit(tmp_path / "clip", lambda m: m["datasets"]["demo"]["classes"]["Atelectasis"].update({"dice@0.5": 0.4}))
+    assert cli_main(["report", str(tmp_path / "clip"), str(tmp_path / "reader"), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    (table,) = _tables(md, "demo: Dice per finding, the reader's value and each run's % of it [95% CI]")
+    assert dict((row[0], row[1:]) for row in table[1:])["Atelectasis"] == ["0.010", "–†"]
+    (table,) = _tables(md, "demo: macro means, the reader's and each run's value (% of reader [95% CI])")
+    iou = clip["datasets"]["demo"]["mean"]["iou@0.5"]
+    assert table[2][0] == "clip" and table[2][3] == f"{iou:.3f} (–†)"
+    note = f"†: no share where the reader's value is below {READER_FLOOR}"
+    parts = md.split("## Against a radiologist", 1)[1].split("\n## ", 1)[0].split("\n#### ")[1:]
+    assert all(("–†" in part) == (note in part) for part in parts) and sum(note in part for part in parts) >= 2
+    cells = json.loads((tmp_path / "out" / "report.json").read_text())["against_reader"]["demo"]["models"]["clip"]
+    assert cells["classes"]["Atelectasis"]["dice@0.5"] == {"value": 0.4, "percent": None, "ci": None, "below_floor": True}
+    assert cells["mean"]["iou@0.5"]["percent"] is None and cells["mean"]["pointing_game"]["percent"] is not None
+
+
+def test_a_tied_gap_reads_as_a_tie(tmp_path):
+    """Every value's Pointing Game equal: the metrics name F as both high and low; the table says tie, not "F − F"."""
+    write_run(tmp_path / "clip", "clip", 11)
+
+    def tied(m: dict) -> None:
+        add_groups(m, 0.0)
+        group = m["datasets"]["demo"]["by_group"]["sex"]
+        group["M"]["mean"]["pointing_game"] = group["F"]["mean"]["pointing_game"]
+        group["gap"]["pointing_game"] = {"gap": 0.0, "high": "F", "low": "F", "ci": [0.0, 0.0], "p": 1.0}
+
+    _edit(tmp_path / "clip", tied)
+    assert cli_main(["report", str(tmp_path / "clip"), "--out", str(tmp_path / "out")]) == 0
+    (table,) = _tables((tmp_path / "out" / "report.md").read_text(), "demo, sex: PG")
+    assert table[1][3:] == ["0.000 (tie: F = M)", "[0.000, 0.000]", "1.000"]

@@ -157,6 +157,41 @@ def test_every_table_is_narrow_and_the_page_fits_1400_px(wide):
     assert int(re.search(r'data-width="(\d+)"', dom).group(1)) <= 1400  # no horizontal scrolling
 
 
+#: records, on load, every table header that a line break cuts inside a word (not after a space, "_", "/", "=" or ".")
+BROKEN_WORDS = """<script>
+window.addEventListener("load", function () {
+  var broken = [];
+  document.querySelectorAll("th").forEach(function (th) {
+    var walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT), node, last = null, space = false;
+    while ((node = walker.nextNode())) {
+      for (var i = 0; i < node.length; i++) {
+        var range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        var box = range.getClientRects()[0], c = node.data[i];
+        if (!box || box.width === 0) { space = space || /\\s/.test(c); continue; }
+        if (last && box.top > last.top + 2 && !space && !/[\\s_\\/=.]/.test(last.c) && !/\\s/.test(c)) broken.push(th.textContent);
+        last = {c: c, top: box.top};
+        space = /\\s/.test(c);
+      }
+    }
+  });
+  document.body.setAttribute("data-broken", JSON.stringify(broken));
+});
+</script>"""
+
+
+def test_headers_wrap_between_words(wide, tmp_path):
+    """The wide report's headers (long run names) in a 1,400 px window: lines break between words only."""
+    chromium = _chromium()
+    page = tmp_path / "report.html"
+    page.write_text((wide / "out" / "report.html").read_text().replace("</body>", BROKEN_WORDS + "</body>"))
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000", "--dump-dom",
+                          page.resolve().as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+    broken = re.search(r'data-broken="([^"]*)"', dom)
+    assert broken and json.loads(broken.group(1).replace("&quot;", '"')) == []
+
+
 def _boxes(texts, figure):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

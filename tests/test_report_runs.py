@@ -1,0 +1,106 @@
+"""The report's runs: one label per run in every section, and runs over different images of a dataset kept apart
+(never averaged or set side by side as one dataset)."""
+
+import json
+import re
+
+from test_report_explainers import _tables, explained_run
+from test_report_fairness import _edit, add_groups
+from test_report_html import write_run
+
+from xbench_pl.commands import main as cli_main
+
+PROMPTS = ("{}", "There is {}")
+
+
+def _config(prompt: str, explainer: str) -> dict:
+    return {"model": {"class_path": "x.Model", "init_args": {"positive": prompt, "explainer": explainer}}, "data": {"k": 1}}
+
+
+def test_one_run_has_one_label_in_every_section(tmp_path):
+    """A sweep over prompts x explainers (no params.json), a repeat of one of its runs elsewhere, with subgroups, and a
+    reader: Table 1, the per-finding, explainer, fairness and reader tables, the figures' runs and report.json name
+    each run alike; the model x explainer rows are those labels without the explainer."""
+    folders = []
+    for i, (prompt, explainer) in enumerate((p, e) for p in PROMPTS for e in ("native", "gradcam")):
+        explained_run(tmp_path / "sweep" / "runs" / f"r{i}", "clip", explainer, 40 + i, _config(prompt, explainer))
+        _edit(tmp_path / "sweep" / "runs" / f"r{i}", lambda m: add_groups(m, 0.01 * i))
+    explained_run(tmp_path / "again", "clip", "gradcam", 50, _config("{}", "gradcam"))
+    write_run(tmp_path / "reader", "reader", 51)
+    folders = [str(tmp_path / "sweep"), str(tmp_path / "again"), str(tmp_path / "reader")]
+    assert cli_main(["report", *folders, "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    names = [run["name"] for run in report["runs"]]
+    assert names == ["clip (model.positive={})", "clip [gradcam] (model.positive={}, r1)", "clip (model.positive=There is {})",
+                     "clip [gradcam] (model.positive=There is {})", "clip [gradcam] (model.positive={}, again)", "reader"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    table1 = md.split("## Grounding per dataset and model", 1)[1].split("\n## ", 1)[0]
+    assert [row[0] for table in _table_blocks(table1) for row in table[1:]] == names
+    for dataset in ("demo", "demo_dicom"):
+        (table,) = _tables(md, f"{dataset}: PG")
+        assert table[0][1:] == names
+    (used,) = _tables_after(md, "### Where each run's maps come from")
+    assert [row[0] for row in used[1:]] == names
+    assert [row["label"] for row in report["model_x_explainer"]["rows"]] == ["clip (model.positive={})", "clip (model.positive=There is {})",
+                                                                        "reader"]
+    assert list(report["fairness"]["demo"]["sex"]["runs"]) == names[:4]
+    (table,) = _tables(md, "demo, sex: PG")
+    assert [row[0] for row in table[1:]] == names[:4]
+    (table,) = _tables(md, "demo: Dice per finding, the reader's value and each run's % of it [95% CI]")
+    assert table[0][1:] == names[-1:] + names[:-1]
+    assert list(report["auroc_vs_pointing_game"]["models"]) == names
+
+
+def _table_blocks(text: str) -> list[list[list[str]]]:
+    blocks = re.findall(r"(?:^\|.*\|\n?)+", text, flags=re.M)
+    return [[[c.strip() for c in line.strip("|").split("|")] for line in b.strip().splitlines() if not line.startswith("|---")]
+            for b in blocks]
+
+
+def _tables_after(text: str, heading: str) -> list[list[list[str]]]:
+    return _table_blocks(text.split(f"{heading}\n", 1)[1].split("\n#", 1)[0])
+
+
+def fewer_images(metrics: dict, dataset: str = "demo") -> None:
+    """The run saw 2 negative images fewer on ``dataset`` (as ``--data.limit`` or another split would)."""
+    for row in [*metrics["datasets"][dataset]["classes"].values(), metrics["datasets"][dataset]["mean"]]:
+        row["n_neg"] -= 2
+
+
+def test_runs_over_other_images_are_another_dataset(tmp_path):
+    """clip and center saw demo's 8 images, biomedclip 6 of them: demo is two datasets in every section (Table 1's
+    columns, the per-finding tables, Fig. 4's bars), each named by its image count, and the page says so once.
+    demo_dicom, seen alike by all, keeps its name."""
+    write_run(tmp_path / "clip", "clip", 1)
+    write_run(tmp_path / "biomedclip", "biomedclip", 2)
+    write_run(tmp_path / "center", "center", 3)
+    _edit(tmp_path / "biomedclip", fewer_images)
+    folders = [str(tmp_path / n) for n in ("clip", "biomedclip", "center")]
+    assert cli_main(["report", *folders, "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    table1 = md.split("## Grounding per dataset and model", 1)[1].split("\n## ", 1)[0]
+    tables = _table_blocks(table1)
+    header = [h for table in tables for h in table[0][1:]]
+    assert header == [f"{d} {k}" for d in ("demo (8 images)", "demo (6 images)", "demo_dicom") for k in ("PG", "Dice", "IoU")]
+    rows = {row[0]: row[1:] for table in tables for row in table[1:]}
+    assert rows["biomedclip"][:3] == ["–"] * 3 and rows["clip"][3:6] == ["–"] * 3  # never one column of both
+    assert ("demo: the runs saw different images (their per-finding counts differ), so each image set is a dataset of its "
+            "own here: demo (8 images): clip, center; demo (6 images): biomedclip.") in md
+    (table,) = _tables(md, "demo (6 images): PG")
+    assert table[0] == ["finding", "biomedclip"]
+    (table,) = _tables(md, "demo (8 images): PG")
+    assert table[0] == ["finding", "clip", "center"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [r["datasets"] for r in report["runs"]] == [["demo (8 images)", "demo_dicom"], ["demo (6 images)", "demo_dicom"],
+                                                       ["demo (8 images)", "demo_dicom"]]
+
+
+def test_a_reader_is_compared_on_its_own_images_only(tmp_path):
+    """A reader over 6 of demo's 8 images: % of reader only for runs on those 6 (here: none on demo)."""
+    write_run(tmp_path / "clip", "clip", 1)
+    write_run(tmp_path / "reader", "reader", 2)
+    _edit(tmp_path / "reader", fewer_images)
+    assert cli_main(["report", str(tmp_path / "clip"), str(tmp_path / "reader"), "--out", str(tmp_path / "out")]) == 0
+    stored = json.loads((tmp_path / "out" / "report.json").read_text())["against_reader"]
+    assert list(stored) == ["demo (6 images)", "demo_dicom"]
+    assert stored["demo (6 images)"]["models"] == {} and list(stored["demo_dicom"]["models"]) == ["clip"]
