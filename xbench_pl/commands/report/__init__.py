@@ -30,9 +30,9 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.commands.report import correlation, explainers, fairness, findings, reader, saved, table1
+from xbench_pl.commands.report.correlation import r2_text
 from xbench_pl.commands.report.page import Section, markdown, page
 from xbench_pl.commands.report.runs import Run, find_runs, image_sets
-from xbench_pl.commands.report.tables import cell
 from xbench_pl.outputs import check_writable
 
 #: the page's sections in order (after ``opening``)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     check_writable({"--out": args.out})
     out = Path(args.out)
     overall = build(runs, out)["auroc_vs_pointing_game"]["overall"]
-    print(f"{len(runs)} run(s); AUROC vs Pointing Game: {overall['n']} points, R² = {cell(overall['r2'])}")
+    print(f"{len(runs)} run(s); AUROC vs Pointing Game: {overall['n']} points, R² = {r2_text(overall['r2'], overall['n'])}")
     print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'report.json'}")
     return 0
 

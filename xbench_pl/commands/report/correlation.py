@@ -32,6 +32,11 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float | No
     return slope, intercept, (1 - ss_res / ss_tot) if ss_tot > 0 else None
 
 
+def r2_text(r2: float | None, points: int) -> str:
+    """R² as printed: undefined where a side is constant (weight-free baselines: every AUROC 0.5)."""
+    return "–" if points < 2 else "undefined (AUROC or Pointing Game constant)" if r2 is None else f"{r2:.3f}"
+
+
 def pearson(xs: list[float], ys: list[float]) -> float | None:
     """Pearson's correlation coefficient; None for fewer than 2 points or where either side is constant."""
     n = len(xs)
@@ -99,7 +104,7 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     if fit is not None:
         slope, intercept, r2 = fit
         ax.plot([0, 1], [intercept, slope + intercept], "k--", linewidth=1,
-                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {cell(r2)}")
+                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {'undefined (AUROC constant)' if r2 is None else f'{r2:.3f}'}")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Pointing Game (per finding)", ylabel="AUROC (per finding)")
     merged = any(n > 1 for mine in placed.values() for *_, n in mine)
     ax.set_title(f"Recognition against grounding: {len(points)} (run, dataset, finding) points"
@@ -146,7 +151,7 @@ def section(runs: list[Run], figures: Path) -> Section:
     figure_dice_gap(runs, figures / GAP)
     overall = stats["overall"]
     out.figure(figures / SCATTER, f"AUROC against Pointing Game per (run, dataset, finding): {overall['n']} points, "
-                                  f"R² = {cell(overall['r2'])} (Fig. 3)")
+                                  f"R² = {r2_text(overall['r2'], overall['n'])} (Fig. 3)")
     out.figure(figures / GAP, "Dice at τ = 0.5 vs at tau_best per run and dataset (Fig. 4)")
     out.heading("AUROC against Pointing Game per finding: Pearson r (undefined: a constant side)")
     out.table(*correlation_table(stats))

@@ -17,4 +17,5 @@ def new_figure(width: float, height: float):
 
 
 def wrapped(text: str) -> str:
-    return textwrap.fill(text, LABEL_WIDTH)
+    """``text`` in lines of about ``LABEL_WIDTH`` characters, broken between words only (as the tables' headers)."""
+    return textwrap.fill(text, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False)

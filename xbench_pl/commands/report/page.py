@@ -39,11 +39,16 @@ class Section:
             self.table(header, rows)
 
     def figure(self, path: Path, caption: str) -> None:
-        self.blocks.append(("images", [(path, caption)], False))
+        """A figure with its caption; figures in a row stand side by side where the page is wide enough."""
+        self.blocks.append(("figure", path, caption))
 
     def images(self, images: list[tuple[Path, str]], gallery: bool = False) -> None:
         """Saved images with their captions, side by side (``gallery``: as small thumbnails)."""
         self.blocks.append(("images", images, gallery))
+
+
+def _link(path: Path, caption: str, out: Path) -> str:
+    return f"![{caption}]({Path(os.path.relpath(path, out)).as_posix()})"
 
 
 def markdown(sections: list[Section], out: Path) -> str:
@@ -60,13 +65,10 @@ def markdown(sections: list[Section], out: Path) -> str:
                 lines += ["", f"> **{rest[0]}**"]
             elif kind == "table":
                 lines += ["", md_table(*rest)]
+            elif kind == "figure":
+                lines += ["", _link(*rest, out), "", f"*{rest[1]}*"]
             else:
-                images, gallery = rest
-                lines.append("")
-                for path, caption in images:
-                    lines.append(f"![{caption}]({Path(os.path.relpath(path, out)).as_posix()})")
-                if not gallery and len(images) == 1:
-                    lines += ["", f"*{images[0][1]}*"]
+                lines += ["", *(_link(path, caption, out) for path, caption in rest[0])]
     return "\n".join(lines[1:]) + "\n"
 
 
@@ -118,6 +120,8 @@ def page(sections: list[Section]) -> str:
                 parts.append(f'<p class="warn">{_text(rest[0])}</p>' if kind == "warn" else f"<p>{_text(rest[0])}</p>")
             elif kind == "table":
                 parts.append(html_table(*rest))
+            elif kind == "figure":
+                parts.append(_figure(*rest))
             else:
                 images, gallery = rest
                 figures = "".join(_figure(path, caption) for path, caption in images)

@@ -162,9 +162,12 @@ def section(runs: list[Run], figures: Path) -> Section | None:
         out.heading(f"{dataset} (reader: {entry['reader']})")
         if entry["other_readers"]:
             out.text(f"Other reader runs, not used as the reference here: {', '.join(entry['other_readers'])}.")
+        problems: dict[str, list[str]] = {}
         for name, cells in entry["models"].items():
             if cells["draws"] != "shared":
-                out.text(f"No intervals for {name}: {cells['draws']}.")
+                problems.setdefault(cells["draws"], []).append(name)
+        for problem, names in problems.items():
+            out.text(f"No intervals for {', '.join(names)}: {problem}.")
         parts = [(f"{dataset}: macro means, the reader's and each run's value (% of reader [95% CI])", reader_mean_table(entry))]
         parts += [(f"{dataset}: {SHORT[k]} per finding, the reader's value and each run's % of it [95% CI]", reader_finding_table(entry, k))
                   for k in entry["keys"]]

@@ -113,8 +113,11 @@ def image_sets(runs: list[Run]) -> dict[str, dict[str, list[str]]]:
 
 
 def datasets(runs: list[Run]) -> list[str]:
-    """The report's dataset names (``Run.datasets``), first seen first."""
-    return list(dict.fromkeys(d for run in runs for d in run.datasets))
+    """The report's dataset names (``Run.datasets``): the datasets first seen first, a dataset's image sets together."""
+    seen = {name: dataset for run in runs for dataset, table in run.metrics["datasets"].items()
+            for name, mine in run.datasets.items() if mine is table}
+    order = list(dict.fromkeys(seen.values()))
+    return sorted(seen, key=lambda name: order.index(seen[name]))
 
 
 # -- finding runs ----------------------------------------------------------------------------------
