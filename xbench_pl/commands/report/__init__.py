@@ -1,9 +1,13 @@
 """``python -m xbench_pl report RUN_DIR... --out DIR``: ``report.md``, a self-contained ``report.html`` and ``report.json``.
 
-A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`` and
-``calibration/`` files the visual callbacks wrote, if any) or a ``sweep --out`` folder (every
-``runs/*/metrics.json``). The page is a list of sections (``SECTIONS``), each a module whose
-``section(runs, figures) -> Section | None`` gives its part (None: nothing to show for these runs):
+A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`` and ``calibration/`` files the
+visual callbacks wrote, if any) or a ``sweep --out`` folder (every ``runs/*/metrics.json``). The report shows
+Table 1, models x explainers, each run as a % of a reader, subgroup gaps, AUROC against Pointing Game and the
+calibration gap, the per-finding tables and the runs' saved plots; a run has one label throughout, and a
+dataset whose runs saw different images is shown once per image set.
+
+The page is a list of sections (``SECTIONS``), each a module whose ``section(runs, figures) -> Section | None``
+gives its part (None: nothing to show for these runs):
 
 - ``table1``: the datasets x runs grid of Pointing Game / Dice@0.5 / IoU@0.5 (Table 1 of the paper);
 - ``explainers``: where the runs' maps differ in explainer, models x explainers per dataset;
