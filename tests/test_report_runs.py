@@ -9,6 +9,7 @@ from test_report_fairness import _edit, add_groups
 from test_report_html import write_run
 
 from xbench_pl.commands import main as cli_main
+from xbench_pl.commands.report.runs import datasets, find_runs, image_sets
 
 PROMPTS = ("{}", "There is {}")
 
@@ -104,3 +105,19 @@ def test_a_reader_is_compared_on_its_own_images_only(tmp_path):
     stored = json.loads((tmp_path / "out" / "report.json").read_text())["against_reader"]
     assert list(stored) == ["demo (6 images)", "demo_dicom"]
     assert stored["demo (6 images)"]["models"] == {} and list(stored["demo_dicom"]["models"]) == ["clip"]
+
+
+def test_image_sets_of_as_many_images_are_numbered(tmp_path):
+    """8 images each, but other positives: two image sets, told apart by a number."""
+    write_run(tmp_path / "clip", "clip", 1)
+    write_run(tmp_path / "center", "center", 3)
+
+    def other_images(metrics: dict) -> None:
+        for row in metrics["datasets"]["demo"]["classes"].values():
+            row.update(n_pos=row["n_pos"] + 1, n_neg=row["n_neg"] - 1)
+
+    _edit(tmp_path / "center", other_images)
+    runs = find_runs([str(tmp_path / "clip"), str(tmp_path / "center")])
+    assert image_sets(runs) == {"demo": {"demo (8 images, set 1)": ["clip"], "demo (8 images, set 2)": ["center"]}}
+    assert [list(r.datasets) for r in runs] == [["demo (8 images, set 1)", "demo_dicom"], ["demo (8 images, set 2)", "demo_dicom"]]
+    assert datasets(runs) == ["demo (8 images, set 1)", "demo (8 images, set 2)", "demo_dicom"]
