@@ -153,13 +153,37 @@ def benchmark_table(device: str, cast=lambda maps: maps) -> str:
     return json.dumps(metrics.compute())
 
 
+def assert_tables_match(table: str, expected: str, tolerance: float) -> None:
+    """Integers (counts) and None equal, floats within ``tolerance``, the same keys everywhere."""
+    def walk(a, b, where):
+        assert type(a) is type(b), where
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), where
+            for key in a:
+                walk(a[key], b[key], f"{where}/{key}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{where}[{i}]")
+        elif isinstance(a, float):
+            assert abs(a - b) <= tolerance, (where, a, b)
+        else:
+            assert a == b, where
+    walk(json.loads(table), json.loads(expected), "")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_benchmark_table_identical_on_the_torch_path(device):
-    """Every key of the table, integer and float, identical (not merely within 1e-12): the statistics come from
-    the same integer counts by the same host code, and cnr from the same numpy sums."""
+    """On CPU tensors every key of the table, integer and float, is identical: the grounding statistics come from
+    the same integer counts by the same host code, cnr from the same numpy sums. On CUDA the integer keys are
+    exact and the floats within 1e-12: map_similarity and neg_mass are float64 torch reductions on the device,
+    whose summation order differs from the CPU's."""
     with torch_path(device):
         vectorised = benchmark_table(device)
-    assert vectorised == benchmark_table("cpu")
+    expected = benchmark_table("cpu")
+    if device == "cpu":
+        assert vectorised == expected
+    assert_tables_match(vectorised, expected, 0.0 if device == "cpu" else 1e-12)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -168,4 +192,4 @@ def test_reduced_precision_maps_are_promoted_once(device, dtype):
     """bf16/fp16 maps give the table of their values in float32 (promoted where they enter the metrics)."""
     with torch_path(device):
         reduced = benchmark_table(device, lambda maps: maps.to(dtype))
-    assert reduced == benchmark_table("cpu", lambda maps: maps.to(dtype).float())
+    assert_tables_match(reduced, benchmark_table("cpu", lambda maps: maps.to(dtype).float()), 0.0 if device == "cpu" else 1e-12)

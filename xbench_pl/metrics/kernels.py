@@ -41,7 +41,7 @@ import torch
 
 from xbench_pl.console import note
 from xbench_pl.metrics import device_kernels
-from xbench_pl.metrics.device_kernels import RELATIVE_TOLERANCE, normalisation, pointing_scalars, raise_if_bad
+from xbench_pl.metrics.device_kernels import normalisation, pointing_scalars, raise_if_bad
 
 try:  # optional at run time: without numba the torch reference path runs
     import numba
