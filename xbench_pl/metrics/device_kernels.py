@@ -1,7 +1,7 @@
 """The grounding metrics' integer counts in vectorised torch: the path for maps on a GPU (or any device).
 
 The numba kernels (``kernels.py``) stream over CPU maps; here the same counts come from whole-batch tensor ops
-(reductions, ``searchsorted``, ``bincount``, ``scatter_add_``, one ``sort`` per chunk), chunked by ``CHUNK_PIXELS``
+(reductions, ``searchsorted``, ``scatter_add_`` histograms, one ``sort`` per chunk), chunked by ``CHUNK_PIXELS``
 to bound memory, with no per-pair loop and one small device-to-host transfer per batch (the integer counts and
 the NaN/inf flags, packed into one int64 tensor). The statistics are then derived from the counts on the host by
 ``kernels.*_from_counts``, the very code that derives them from numba's counts, and placed back on the maps'
@@ -63,6 +63,14 @@ def _chunks(n: int, p: int):
     return (slice(start, min(start + step, n)) for start in range(0, n, step))
 
 
+def _histogram(index: torch.Tensor, bins: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 counts (or integer ``weights`` summed) per bin of ``index``: ``bincount`` without its host sync
+    (it reads the largest index back) and exact for int64 weights."""
+    index = index.flatten()
+    weights = torch.ones(1, dtype=torch.long, device=index.device).expand_as(index) if weights is None else weights.flatten()
+    return torch.zeros(bins, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
+
+
 def _flat(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return maps.flatten(1), masks.flatten(1).to(maps.device, torch.bool)
 
@@ -97,20 +105,18 @@ def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.
             m = torch.where(zero[rows], 0.0, (f - shift[rows]) / divisor[rows])  # numba's _normalise, same float32 ops
             row = (torch.arange(c, device=device)[:, None] * 2 + g)  # histogram row: (map, inside)
             reached = torch.searchsorted(thresholds, m, right=True)  # #{k: thresholds[k] <= m}
-            curve[rows] = torch.bincount((row * (t + 1) + reached).flatten(), minlength=c * 2 * (t + 1)).view(c, -1)
+            curve[rows] = _histogram(row * (t + 1) + reached, c * 2 * (t + 1)).view(c, -1)
             if want & WANT_LEVELS:  # numba's _level_bins: uint8(255 m), clamped by selects (NaN -> 0)
                 q = m * 255
                 q = torch.where(q > 0, q, 0.0)
                 q = torch.where(q < 255, q, 255.0).to(torch.int32)
-                levels[rows] = torch.bincount((row * 256 + q).flatten(), minlength=c * 512).view(c, -1)
+                levels[rows] = _histogram(row * 256 + q, c * 512).view(c, -1)
             if want & WANT_MASS:  # numba's _add_mass: a positive float32 is mantissa * 2**(exponent - 150)
                 bits = m.view(torch.int32)
                 exponent = (bits >> 23) & 0xFF
                 mantissa = torch.where(exponent > 0, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
                 mantissa = torch.where(m > 0, mantissa, 0).long()
-                index = row * 255 + exponent.clamp(1, 254)
-                mass[rows] = torch.zeros(c * 510, dtype=torch.long, device=device).scatter_add_(
-                    0, index.flatten(), mantissa.flatten()).view(c, -1)
+                mass[rows] = _histogram(row * 255 + exponent.clamp(1, 254), c * 510, mantissa).view(c, -1)
     host = packed.cpu()  # the batch's one transfer
     maximal, curve, levels, mass, bad = host.split(widths, 1)
     raise_if_bad(bad[:, 0])
