@@ -3,9 +3,9 @@
 The numba kernels (``kernels.py``) stream over CPU maps; here the same counts come from whole-batch tensor ops
 (reductions, ``searchsorted``, ``scatter_add_`` histograms, one ``sort`` per chunk), chunked by ``CHUNK_PIXELS``
 to bound memory, with no per-pair loop and one small device-to-host transfer per batch (the integer counts and
-the NaN/inf flags, packed into one int64 tensor). The statistics are then derived from the counts on the host by
-``kernels.*_from_counts``, the very code that derives them from numba's counts, and placed back on the maps'
-device. Every step is exact or the same IEEE float32 operation as numba's (``(m - shift) / divisor``, ``m * 255``,
+the NaN/inf flags, packed into one int64 tensor; pixel AUROC, computed on the device, reads back its NaN/inf
+flags only). The statistics are then derived from the counts on the host by ``kernels.*_from_counts``, the very
+code that derives them from numba's counts, and placed back on the maps' device (``[N]`` float64 each). Every step is exact or the same IEEE float32 operation as numba's (``(m - shift) / divisor``, ``m * 255``,
 the per-map scalars below, by the same torch expressions), so the counts are equal to numba's, bit for bit: the
 thresholds reached are ``#{k: thresholds[k] <= m}`` by ``searchsorted(right=True)`` (what numba's uniform-grid
 arithmetic equals by construction), the positive mass is summed per float32 exponent as integer mantissas, and
