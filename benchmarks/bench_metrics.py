@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 
 import torch
@@ -198,7 +199,8 @@ def parallel_part(args) -> None:
     counts = lambda: kernels.grounding_statistics(maps, masks, thresholds, "minmax")  # noqa: E731
     best, out = interleaved({"all": counts, "one": with_threads(1, counts)}, args.repeats)
     speed = best["one"] / best["all"]
-    print(f"numba kernels, every statistic of {args.pairs} maps of 512² (NUMBA_NUM_THREADS {numba.config.NUMBA_NUM_THREADS}):")
+    print(f"numba kernels, every statistic of {args.pairs} maps of 512² (NUMBA_NUM_THREADS {numba.config.NUMBA_NUM_THREADS}, "
+          f"threading layer {numba.threading_layer()}, load average {os.getloadavg()[0]:.1f}):")
     print(f"  1 thread {best['one'] * 1000:8.1f} ms, {threads} threads {best['all'] * 1000:8.1f} ms: "
           f"speed-up {speed:.2f}x ({100 * speed / threads:.0f} % of linear); identical: "
           f"{all(torch.equal(out['all'][k].nan_to_num(-1), out['one'][k].nan_to_num(-1)) for k in out['all'])}")
