@@ -360,8 +360,8 @@ class FindingSpecificity(_ClassMean):
         maps = promoted(maps)
         keep, images = has_region(masks).cpu(), sample_index.cpu()  # the grouping is host bookkeeping on [N] ids
         values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64)
-        shared, regions = torch.unique(images[keep], return_counts=True)
-        groups = [(keep & (images == image)).nonzero().flatten() for image in shared[regions > 1].tolist()]  # one region: NaN
+        distinct, regions = torch.unique(images[keep], return_counts=True)
+        groups = [(keep & (images == image)).nonzero().flatten() for image in distinct[regions > 1].tolist()]  # one region: NaN
         for rows, value in zip(groups, finding_specificities(maps, masks, groups)):
             values[rows] = value.cpu()
         values = values.to(maps.device)
