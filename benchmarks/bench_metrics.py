@@ -9,22 +9,34 @@
    against the kernels (same numbers; energy_pg within 1e-15, see kernels.py).
 3. The benchmark's per-batch metric cost (warp to the eval grid + every statistic + recognition) as a
    share of a CLIP ViT-B/16 image forward (random init) on the same batch, kernels on and off.
-With a GPU, part 1 is repeated on CUDA tensors (the torch path: the kernels are CPU code).
+4. ``parallel``: the numba kernels' speed-up over one thread (every statistic of ``--pairs`` maps of 512²; the
+   kernels use torch's thread count, a DDP rank's share of the cores).
+5. ``device``: on ``--device`` (cpu or cuda), the vectorised torch path (``device_kernels.py``, the one CUDA maps
+   take; on the CPU under its switch) against numba on the CPU's cores for the same maps and the read floor
+   (``maps.sum()`` on that device): the counts of every statistic, and the Dice/IoU curve alone.
+With ``--device cuda``, part 1 also runs on CUDA tensors (the torch path).
 
 Timings are best-of ``--repeats`` and interleaved (each round times every variant once), so a busy
 machine slows all variants alike; compare the ratios. Run:
-``python benchmarks/bench_metrics.py [--maps 1024] [--size 224] [--repeats 3]``.
+``python benchmarks/bench_metrics.py [--maps 1024] [--size 224] [--repeats 3] [--device cpu|cuda] [--parts ...]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 
 import torch
 
 from xbench_pl.geometry import warp_to_eval_grid
 from xbench_pl.metrics import BenchmarkMetrics, default_thresholds, dice_iou_curve, functional, kernels, normalize_saliency
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def lean_loop(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
@@ -46,12 +58,10 @@ def interleaved(fns: dict, repeats: int, once: tuple = ()) -> tuple[dict, dict]:
         for name, fn in fns.items():
             if round_ and name in once:
                 continue
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
             start = time.perf_counter()
             out[name] = fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
             best[name] = min(best[name], time.perf_counter() - start)
     return best, out
 
@@ -72,7 +82,7 @@ def curve_part(args, device: str) -> None:
     if args.skip_loop:
         fns.pop("lean per-threshold loop")
     best, out = interleaved(fns, args.repeats, once=("lean per-threshold loop",))
-    path = "kernel" if kernels.applies(maps, masks) else "torch path"
+    path = {"numba": "numba kernel", "torch": "vectorised torch path", None: "torch reference"}[kernels.path(maps, masks)]
     print(f"dice_iou_curve on {device}, {args.maps} maps of {args.size}², box mask, {thresholds.numel()} thresholds ({path}):")
     floor, fast = best["read floor (maps.sum())"], best["dice_iou_curve"]
     for name, seconds in best.items():
@@ -159,6 +169,77 @@ def forward_part(args) -> None:
         print(f"  metric update, {name:<9} {best[name] * 1000:8.1f} ms = {100 * best[name] / best['forward']:5.1f} % of the forward")
 
 
+def pairs_512(n: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` smooth maps on the 512² eval grid (bilinear from 14²) and box regions."""
+    gen = torch.Generator().manual_seed(3)
+    maps = torch.nn.functional.interpolate(torch.randn(n, 1, 14, 14, generator=gen), size=512, mode="bilinear")[:, 0].contiguous()
+    masks = torch.zeros(n, 512, 512, dtype=torch.bool)
+    masks[:, 100:300, 150:350] = True
+    return maps.to(device), masks.to(device)
+
+
+def with_threads(k: int, fn):
+    """``fn`` with torch's (and so the kernels') thread count set to ``k``."""
+    def run():
+        before = torch.get_num_threads()
+        torch.set_num_threads(k)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+    return run
+
+
+def parallel_part(args) -> None:
+    import numba
+
+    maps, masks = pairs_512(args.pairs)
+    thresholds = default_thresholds()
+    threads = torch.get_num_threads()
+    counts = lambda: kernels.grounding_statistics(maps, masks, thresholds, "minmax")  # noqa: E731
+    best, out = interleaved({"all": counts, "one": with_threads(1, counts)}, args.repeats)
+    speed = best["one"] / best["all"]
+    print(f"numba kernels, every statistic of {args.pairs} maps of 512² (NUMBA_NUM_THREADS {numba.config.NUMBA_NUM_THREADS}, "
+          f"threading layer {numba.threading_layer()}, load average {os.getloadavg()[0]:.1f}):")
+    print(f"  1 thread {best['one'] * 1000:8.1f} ms, {threads} threads {best['all'] * 1000:8.1f} ms: "
+          f"speed-up {speed:.2f}x ({100 * speed / threads:.0f} % of linear); identical: "
+          f"{all(torch.equal(out['all'][k].nan_to_num(-1), out['one'][k].nan_to_num(-1)) for k in out['all'])}")
+
+
+def device_part(args) -> None:
+    device = args.device
+    maps, masks = pairs_512(args.pairs, device)
+    cpu_maps, cpu_masks = maps.cpu(), masks.cpu()
+    thresholds = default_thresholds()
+
+    def on_device(fn):
+        def run():
+            with kernels.device_path() if device == "cpu" else contextlib.nullcontext():
+                return fn()
+        return run
+
+    counts = lambda m, g: kernels.grounding_counts(m, g, thresholds, "minmax")  # noqa: E731
+    curve = lambda m, g: kernels.grounding_counts(m, g, thresholds, "minmax", want=0)  # noqa: E731
+    fns = {"read floor (maps.sum())": lambda: maps.sum(),
+           "torch path, all counts": on_device(lambda: counts(maps, masks)),
+           "torch path, curve only": on_device(lambda: curve(maps, masks)),
+           "torch path, pixel AUROC": on_device(lambda: kernels.pixel_auroc(maps, masks)),
+           "numba (CPU), all counts": lambda: counts(cpu_maps, cpu_masks),
+           "numba (CPU), curve only": lambda: curve(cpu_maps, cpu_masks),
+           "numba (CPU), pixel AUROC": lambda: kernels.pixel_auroc(cpu_maps, cpu_masks)}
+    best, out = interleaved(fns, args.repeats)
+    floor = best["read floor (maps.sum())"]
+    print(f"torch path on {device} vs numba on {torch.get_num_threads()} CPU threads, {args.pairs} maps of 512², ms per batch:")
+    for name, seconds in best.items():
+        print(f"  {name:<26} {seconds * 1000:9.2f} ms   {seconds / floor:8.1f}x the {device} read floor")
+    for what in ("all counts", "curve only", "pixel AUROC"):
+        print(f"  {what}: torch path on {device} {best['numba (CPU), ' + what] / best['torch path, ' + what]:.2f}x the speed of numba")
+    same = all(torch.equal(out["torch path, all counts"][k], out["numba (CPU), all counts"][k]) for k in ("maximal", "curve", "levels"))
+    same = same and (out["torch path, all counts"]["mass"] == out["numba (CPU), all counts"]["mass"]).all()
+    auroc = out["torch path, pixel AUROC"].cpu().nan_to_num(-1), out["numba (CPU), pixel AUROC"].nan_to_num(-1)
+    print(f"  identical counts and AUROC: {bool(same) and torch.equal(*auroc)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--maps", type=int, default=1024)
@@ -168,8 +249,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--classes", type=int, default=8)
     parser.add_argument("--skip_loop", action="store_true", help="leave out the (slow) lean loop")
-    parser.add_argument("--parts", default="curve,pairs,forward")
+    parser.add_argument("--parts", default="curve,pairs,forward,parallel,device")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the torch path runs (parts device, curve)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU here (torch.cuda.is_available() is False)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernels {'on' if kernels.available() else 'off (torch path)'}")
     tiny = torch.rand(2, 8, 8), torch.rand(2, 8, 8) > 0.5
     if kernels.available():
@@ -177,12 +261,16 @@ def main() -> None:
     parts = args.parts.split(",")
     if "curve" in parts:
         curve_part(args, "cpu")
-        if torch.cuda.is_available():
+        if args.device == "cuda":
             curve_part(args, "cuda")
     if "pairs" in parts:
         pair_part(args)
     if "forward" in parts:
         forward_part(args)
+    if "parallel" in parts and kernels.available():
+        parallel_part(args)
+    if "device" in parts:
+        device_part(args)
 
 
 if __name__ == "__main__":

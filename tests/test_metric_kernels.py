@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xbench_pl.metrics import BenchmarkMetrics, functional, kernels
+from xbench_pl.metrics import BenchmarkMetrics, device_kernels, functional, kernels
 from xbench_pl.metrics.functional import (
     default_thresholds,
     dice_iou_curve,
@@ -154,7 +154,7 @@ def test_torch_path_without_numba(monkeypatch):
 
 
 def test_tolerance_constant_is_shared():
-    assert kernels.RELATIVE_TOLERANCE == functional.RELATIVE_TOLERANCE
+    assert device_kernels.RELATIVE_TOLERANCE == functional.RELATIVE_TOLERANCE
 
 
 @pytest.mark.parametrize("t", [2, 11, 101, 201])

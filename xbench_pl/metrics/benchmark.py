@@ -63,6 +63,7 @@ from xbench_pl.metrics.grounding import (
     PointingGame,
     PointingLift,
     has_region,
+    promoted,
     shared_pass,
     to_fixed,
 )
@@ -258,6 +259,9 @@ class BenchmarkMetrics(nn.Module):
         ``unknown``); ``pair_rows [N]``: each pair's row of ``scores`` (needed with ``groups``); ``seen [N, H, W]`` bool:
         the pixels of each pair's map the model saw (``geometry.warped_and_seen``; ``cnr`` leaves the others out;
         None: every pixel)."""
+        maps, saliency = promoted(maps), None if saliency is None else promoted(saliency)  # once, for every metric
+        if negatives is not None:
+            negatives = (promoted(negatives[0]), *negatives[1:])
         if self.group_names:
             self._update_groups(groups, pair_rows, scores, labels, maps, masks, class_index,
                                 dict(image_keys=image_keys, saliency=saliency, unit_keys=unit_keys, sample_keys=sample_keys,

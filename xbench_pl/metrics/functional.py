@@ -301,6 +301,21 @@ def dice_auc(curves: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     return torch.trapezoid(curves.double(), thresholds.to(curves.device, torch.float64), dim=-1)
 
 
+def finding_specificities(maps: torch.Tensor, masks: torch.Tensor, groups: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``finding_specificity`` of each group of rows of ``maps``/``masks`` (one image's pairs each, CPU index tensors,
+    two or more rows), ``[K]`` float64 on the CPU per group: on the fast paths from the integer counts of all groups at
+    once (``kernels.maximal_overlaps``; no per-image transfer on a GPU), with the same arithmetic on them."""
+    if kernels.applies(maps, masks):
+        return [_specificity(inside.double() / maximal[:, None].double()) for inside, maximal in kernels.maximal_overlaps(maps, masks, groups)]
+    return [finding_specificity(maps[rows.to(maps.device)], masks[rows.to(masks.device)]).cpu() for rows in groups]
+
+
+def _specificity(hits: torch.Tensor) -> torch.Tensor:
+    """From ``hits [K, K]`` (share of map a's maximal pixels inside region b): own minus the mean of the others."""
+    own = hits.diagonal()
+    return own - (hits.sum(1) - own) / (hits.shape[0] - 1)
+
+
 def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """For the pairs of ONE image ``[K, H, W]`` (finding k's map, finding k's region), how much more
     each map points at its own finding than at the image's other findings:
@@ -311,7 +326,7 @@ def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor
     if k < 2:
         return torch.full((k,), float("nan"), dtype=torch.float64)
     if kernels.applies(maps, masks):  # the same counts in one pass (kernels.py)
-        inside, maximal = kernels.maximal_overlap(maps, masks)
+        inside, maximal = kernels.maximal_overlaps(maps, masks, [torch.arange(k)])[0]
         hits = inside.double() / maximal[:, None].double()
     else:
         hi, lo, constant = _range(flat)
@@ -319,9 +334,7 @@ def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor
         # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
         inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
         hits = inside / maximal.sum(1, keepdim=True).double()
-    own = hits.diagonal()
-    other = (hits.sum(1) - own) / (k - 1)
-    return own - other
+    return _specificity(hits)
 
 
 def map_similarity(saliency: torch.Tensor) -> torch.Tensor:

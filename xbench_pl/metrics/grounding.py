@@ -28,7 +28,7 @@ from xbench_pl.metrics.functional import (
     CNR_CAP,
     contrast_to_noise,
     energy_pointing,
-    finding_specificity,
+    finding_specificities,
     map_similarity,
     normalize_saliency,
     otsu_dice_iou,
@@ -100,6 +100,12 @@ def _auroc(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return entry["pixel_auroc"]
 
 
+def promoted(maps: torch.Tensor) -> torch.Tensor:
+    """Float16/bfloat16 maps (a reduced-precision forward) as float32, once where they enter the metrics: the
+    metrics' own arithmetic never runs in reduced precision. Other dtypes unchanged (the same tensor)."""
+    return maps.float() if maps.dtype in (torch.float16, torch.bfloat16) else maps
+
+
 def to_fixed(values: torch.Tensor) -> torch.Tensor:
     return torch.round(values.double() * FIXED_POINT_SCALE).long()
 
@@ -125,7 +131,7 @@ class _PairMetric(Metric):
     def _select(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor):
         if maps.shape != masks.shape or maps.dim() != 3 or class_index.shape != maps.shape[:1]:
             raise ValueError(f"expected maps/masks [N, H, W] and class_index [N], got {tuple(maps.shape)}, {tuple(masks.shape)}, {tuple(class_index.shape)}")
-        keep = has_region(masks)
+        maps, keep = promoted(maps), has_region(masks)
         cls = class_index[keep].long()
         # out-of-place updates: in-place ops on states double-count under some strategies
         self.pairs = self.pairs + torch.bincount(cls, minlength=self.num_classes)
@@ -289,8 +295,7 @@ class PointingLift(_DefinedPairMetric):
         shared = shared_counts(maps, masks)
         if shared is None:
             return pointing_lift(maps, masks)
-        counts = shared["counts"]  # the pass counted each region's pixels: area_fraction without another pass
-        return kernels.pointing_from_counts(counts) - counts["region"].double() / counts["pixels"]
+        return kernels.lift_from_counts(shared["counts"])  # the pass counted each region's pixels: no other pass
 
 
 class PixelAUROC(_DefinedPairMetric):
@@ -352,12 +357,14 @@ class FindingSpecificity(_ClassMean):
     higher_is_better = True
 
     def update(self, maps: torch.Tensor, masks: torch.Tensor, class_index: torch.Tensor, sample_index: torch.Tensor) -> None:
-        values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64, device=maps.device)
-        keep = has_region(masks)
-        images, regions = torch.unique(sample_index[keep], return_counts=True)
-        for image in images[regions > 1].tolist():  # an image with one region stays NaN: skip copying its maps
-            rows = (keep & (sample_index == image)).nonzero().flatten()
-            values[rows] = finding_specificity(maps[rows], masks[rows]).to(values.device)
+        maps = promoted(maps)
+        keep, images = has_region(masks).cpu(), sample_index.cpu()  # the grouping is host bookkeeping on [N] ids
+        values = torch.full((maps.shape[0],), float("nan"), dtype=torch.float64)
+        distinct, regions = torch.unique(images[keep], return_counts=True)
+        groups = [(keep & (images == image)).nonzero().flatten() for image in distinct[regions > 1].tolist()]  # one region: NaN
+        for rows, value in zip(groups, finding_specificities(maps, masks, groups)):
+            values[rows] = value.cpu()
+        values = values.to(maps.device)
         ok = ~torch.isnan(values)
         cls = class_index[ok].long()
         self.total = self.total.index_add(0, cls, to_fixed(values[ok]))

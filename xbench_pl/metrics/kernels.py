@@ -2,7 +2,10 @@
 
 The plain torch functions in ``functional.py`` are the reference and the fallback; these kernels
 (numba, compiled on first use and cached on disk) give the same numbers and are used when numba is
-installed, the maps are float32 on the CPU and ``XBENCH_METRIC_KERNELS`` is not ``0``.
+installed, the maps are float32 on the CPU and ``XBENCH_METRIC_KERNELS`` is not ``0``. Float32 maps on
+another device (CUDA) take the vectorised torch path of ``device_kernels.py``, which gives the same integer
+counts, from which the same functions here derive the statistics (``path`` picks; ``XBENCH_METRIC_KERNELS=torch``
+or ``device_path()`` send CPU maps there too).
 
 One pass over a map's pixels, after a first pass for its range, yields every integer count the
 statistics need: the Pointing Game's maximal pixels (all, inside the region); per pixel of the
@@ -37,18 +40,18 @@ import numpy as np
 import torch
 
 from xbench_pl.console import note
+from xbench_pl.metrics import device_kernels
+from xbench_pl.metrics.device_kernels import normalisation, pointing_scalars, raise_if_bad
 
 try:  # optional at run time: without numba the torch reference path runs
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency, but the fallback must keep working
     numba = None
 
-#: ``0`` turns the kernels off (the torch reference path everywhere).
+#: ``0`` turns the kernels off (the torch reference path everywhere); ``torch`` sends every float32 map, CPU ones
+#: included, to the vectorised torch path (``device_kernels.py``, the one CUDA maps take).
 ENV = "XBENCH_METRIC_KERNELS"
-_FORCED_OFF = False
-
-RELATIVE_TOLERANCE = 1e-6  # functional.RELATIVE_TOLERANCE (kept equal by a test)
-_MODES = {"minmax": 0, "max": 1, "none": 2}
+_FORCED: str | None = None  # the mode a context manager forces (``disabled``, ``device_path``), before ENV
 
 
 def default_thresholds(step: float = 0.01, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -74,24 +77,50 @@ def otsu_threshold_from_histogram(hist: torch.Tensor, pixels: int) -> torch.Tens
     return torch.where(sigma.gather(1, best[:, None])[:, 0] > 0, best, torch.zeros_like(best))
 
 
+def _mode() -> str:
+    return _FORCED or os.environ.get(ENV, "1")
+
+
 def available() -> bool:
-    return numba is not None and not _FORCED_OFF and os.environ.get(ENV, "1") != "0"
+    """Whether the numba kernels run for CPU float32 maps."""
+    return numba is not None and _mode() not in ("0", "torch")
+
+
+def path(maps: torch.Tensor, *others: torch.Tensor) -> str | None:
+    """Which path computes the counts of float32 ``maps``: ``"numba"`` (everything on the CPU, numba present),
+    ``"torch"`` (``device_kernels.py``: maps on another device, or the ``torch`` switch), None (the reference
+    in ``functional.py``: float64 maps, the kernels off, or CPU maps without numba)."""
+    mode = _mode()
+    if mode == "0" or maps.dtype != torch.float32:
+        return None
+    if mode == "torch" or maps.device.type != "cpu":
+        return "torch"
+    return "numba" if numba is not None and all(t.device.type == "cpu" for t in others) else None
 
 
 def applies(maps: torch.Tensor, *others: torch.Tensor) -> bool:
-    """Whether the kernels take these tensors: numba present and on, float32 maps, everything on the CPU."""
-    return available() and maps.dtype == torch.float32 and maps.device.type == "cpu" and all(t.device.type == "cpu" for t in others)
+    """Whether a fast path (numba or the vectorised torch one) takes these tensors."""
+    return path(maps, *others) is not None
 
 
 @contextlib.contextmanager
-def disabled():
-    """Run the torch reference path inside the block (tests, benchmarks)."""
-    global _FORCED_OFF
-    before, _FORCED_OFF = _FORCED_OFF, True
+def _forced(mode: str):
+    global _FORCED
+    before, _FORCED = _FORCED, mode
     try:
         yield
     finally:
-        _FORCED_OFF = before
+        _FORCED = before
+
+
+def disabled():
+    """Run the torch reference path inside the block (tests, benchmarks)."""
+    return _forced("0")
+
+
+def device_path():
+    """Run the vectorised torch path (``device_kernels.py``) inside the block, for CPU maps too (tests, benchmarks)."""
+    return _forced("torch")
 
 
 # -- numba kernels -------------------------------------------------------------------------------
@@ -335,12 +364,6 @@ if numba is not None:
 
 
 # -- torch-facing functions ----------------------------------------------------------------------
-def _raise_if_bad(bad: np.ndarray) -> None:
-    if bad.any():
-        where = np.flatnonzero(bad).tolist()
-        raise ValueError(f"saliency maps contain NaN or inf (maps at positions {where[:10]}{'...' if len(where) > 10 else ''})")
-
-
 def _flat(maps: torch.Tensor, masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return maps.flatten(1).contiguous().numpy(), masks.flatten(1).bool().contiguous().numpy()
 
@@ -363,30 +386,11 @@ def map_range(flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     if flat.shape[1]:
         _threads(n)
         _range_kernel(flat.view(np.int32), hi, lo, bad)
-    _raise_if_bad(bad)
+    raise_if_bad(bad)
     # back from keys to float32 (the key map is its own inverse); of -0 and +0 it keeps +0 as the max and -0 as the
     # min, which no count depends on (every comparison, the sign-free tolerance and m > 0 treat them alike)
     hi, lo = ((k ^ ((k >> 31) & 0x7FFFFFFF)).astype(np.int32).view(np.float32) for k in (hi, lo))
     return torch.from_numpy(hi)[:, None], torch.from_numpy(lo)[:, None]
-
-
-def _pointing_scalars(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``functional._range``'s ``constant`` and the Pointing Game's ``hi - tol * (hi - lo)``, by the same torch ops."""
-    span = hi - lo
-    constant = span <= RELATIVE_TOLERANCE * torch.maximum(hi.abs(), lo.abs()).clamp_min(torch.finfo(torch.float32).tiny)
-    return constant, hi - RELATIVE_TOLERANCE * (hi - lo)
-
-
-def _normalisation(hi, lo, constant, normalize: str):
-    """Per map ``shift, divisor, zero`` with ``normalize_saliency(m) = 0 if zero else (m - shift) / divisor``."""
-    if normalize == "minmax":
-        return lo, torch.where(constant, torch.ones_like(hi), hi - lo), constant
-    if normalize == "max":
-        positive = hi > 0
-        return torch.zeros_like(hi), torch.where(positive, hi, torch.ones_like(hi)), ~positive
-    if normalize == "none":
-        return torch.zeros_like(hi), torch.ones_like(hi), torch.zeros_like(constant)
-    raise ValueError(f"normalize mode must be one of {tuple(_MODES)}, got {normalize!r}")
 
 
 def _uniform(thresholds: torch.Tensor) -> bool:
@@ -438,16 +442,19 @@ def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.
     ``maximal [N, 2]`` (maximal pixels of the raw map: all, inside); ``curve [N, 2, T + 1]`` (pixels of the
     ``normalize``d map by thresholds reached, outside/inside); ``levels [N, 2, 256]`` (its 8-bit levels,
     outside/inside); ``mass [N, 2, 255]`` (its positive values' mantissas summed per float32 exponent,
-    outside/inside); ``region [N]`` (region pixels).
+    outside/inside); ``region [N]`` (region pixels); ``device``, the maps' (the ``*_from_counts`` statistics go
+    there). Float32 maps: numba on the CPU, ``device_kernels.grounding_counts`` elsewhere (``path``), the same counts.
     """
+    if thresholds is None:
+        thresholds = default_thresholds()
+    if path(maps, masks) == "torch":
+        return device_kernels.grounding_counts(maps, masks, thresholds, normalize, want)
     flat, region = _flat(maps, masks)
     n, p = flat.shape
     hi, lo = map_range(flat)
-    constant, max_floor = _pointing_scalars(hi, lo)
-    if thresholds is None:
-        thresholds = default_thresholds()
+    constant, max_floor = pointing_scalars(hi, lo)
     thresholds = thresholds.to("cpu", torch.float32).contiguous()
-    shift, divisor, zero = _normalisation(hi, lo, constant, normalize)
+    shift, divisor, zero = normalisation(hi, lo, constant, normalize)
     t = thresholds.numel()
     maximal = np.zeros((n, 2), np.int64)
     curve = np.zeros((n, 2, t + 1), np.int64)
@@ -459,11 +466,22 @@ def grounding_counts(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.
                       want, maximal, curve, levels, mass, _threads(n))
     curve, levels = torch.from_numpy(curve), torch.from_numpy(levels)
     return {"maximal": torch.from_numpy(maximal), "curve": curve, "levels": levels, "mass": mass,
-            "region": curve[:, 1].sum(1), "pixels": p}
+            "region": curve[:, 1].sum(1), "pixels": p, "device": maps.device}
 
 
 # -- statistics from the counts: the reference's own arithmetic on them -------------------------------
+# The counts live on the CPU whichever path made them: the statistics are computed there by the same code (so the
+# same bits) and placed on the maps' device (``counts["device"]``), as the reference path returns them.
+def _placed(counts: dict, *values: torch.Tensor):
+    out = tuple(v.to(counts["device"]) for v in values)
+    return out if len(out) > 1 else out[0]
+
+
 def pointing_from_counts(counts: dict) -> torch.Tensor:
+    return _placed(counts, _pointing(counts))
+
+
+def _pointing(counts: dict) -> torch.Tensor:
     maximal = counts["maximal"]
     hits = maximal[:, 1].double() / maximal[:, 0].double()
     return torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan")))
@@ -472,7 +490,12 @@ def pointing_from_counts(counts: dict) -> torch.Tensor:
 def any_tie_from_counts(counts: dict) -> torch.Tensor:
     """``functional.pointing_game_any_tie``: a hit when any maximal pixel is inside the region."""
     hits = (counts["maximal"][:, 1] > 0).double()
-    return torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan")))
+    return _placed(counts, torch.where(counts["region"] > 0, hits, torch.full_like(hits, float("nan"))))
+
+
+def lift_from_counts(counts: dict) -> torch.Tensor:
+    """``functional.pointing_lift``: the Pointing Game minus the region's area fraction."""
+    return _placed(counts, _pointing(counts) - counts["region"].double() / counts["pixels"])
 
 
 def curve_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -485,7 +508,7 @@ def curve_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
     iou = inter / (predicted + truth - inter)
     empty = truth == 0
     nan = torch.tensor(float("nan"), dtype=torch.float64)
-    return torch.where(empty, nan, dice), torch.where(empty, nan, iou)
+    return _placed(counts, torch.where(empty, nan, dice), torch.where(empty, nan, iou))
 
 
 def otsu_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -496,7 +519,7 @@ def otsu_from_counts(counts: dict) -> tuple[torch.Tensor, torch.Tensor]:
     p, g = (levels.sum(1) * above).sum(1).double(), counts["region"].double()
     dice, iou = 2 * inter / (p + g).clamp_min(1), inter / (p + g - inter).clamp_min(1)
     nan = torch.full_like(dice, float("nan"))
-    return torch.where(g > 0, dice, nan), torch.where(g > 0, iou, nan)
+    return _placed(counts, torch.where(g > 0, dice, nan), torch.where(g > 0, iou, nan))
 
 
 def _exact(accumulator: np.ndarray) -> int:
@@ -512,7 +535,7 @@ def energy_from_counts(counts: dict) -> torch.Tensor:
         total = inside + _exact(mass[i, 0])
         values.append(inside / total if total > 0 else int(region[i]) / pixels)
     value = torch.tensor(values, dtype=torch.float64)
-    return torch.where(region > 0, value, torch.full_like(value, float("nan")))
+    return _placed(counts, torch.where(region > 0, value, torch.full_like(value, float("nan"))))
 
 
 # -- functional twins ------------------------------------------------------------------------------
@@ -537,6 +560,9 @@ def otsu_dice_iou(maps: torch.Tensor, masks: torch.Tensor, normalize: str = "non
 
 
 def pixel_auroc(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Per pair ``functional.pixel_auroc`` ``[N]`` float64, on the maps' device."""
+    if path(maps, masks) == "torch":
+        return device_kernels.pixel_auroc(maps, masks)
     flat, region = _flat(maps, masks)
     n, p = flat.shape
     map_range(flat)  # NaN/inf check, as the reference
@@ -556,11 +582,19 @@ def maximal_overlap(maps: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tens
     flat, region = _flat(maps, masks)
     k = flat.shape[0]
     hi, lo = map_range(flat)
-    constant, max_floor = _pointing_scalars(hi, lo)
+    constant, max_floor = pointing_scalars(hi, lo)
     inside, maximal = np.zeros((k, k), np.int64), np.zeros(k, np.int64)
     if k and flat.shape[1]:
         _overlap_kernel(flat, region, max_floor[:, 0].numpy(), constant[:, 0].numpy(), inside, maximal)
     return torch.from_numpy(inside), torch.from_numpy(maximal)
+
+
+def maximal_overlaps(maps: torch.Tensor, masks: torch.Tensor, groups: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``maximal_overlap`` of the rows of each group (one image's pairs; CPU index tensors), on the CPU: per group
+    with numba, all groups at once on the torch path (one transfer per batch)."""
+    if path(maps, masks) == "torch":
+        return device_kernels.maximal_overlaps(maps, masks, groups)
+    return [maximal_overlap(maps[rows], masks[rows]) for rows in groups]
 
 
 def grounding_statistics(maps: torch.Tensor, masks: torch.Tensor, thresholds: torch.Tensor, normalize: str) -> dict[str, torch.Tensor]:
