@@ -20,7 +20,7 @@ tensor ``[1, 1, h, w]`` spanning the whole original image, which their ``eval.py
 * the stored native map itself where it spans the whole image (a model with ``resize="squash"``, as
   CheXlocalize's own DenseNet): their bilinear resize of it is then the run's own full-resolution map
   (``--model.cxl true``), so their numbers are the run's (exactly from a float32 store), and a file holds
-  ``h * w`` floats, not the eval grid's (the demo's 96 maps: 1.5 MB, not 97 MB);
+  ``h * w`` floats, not the eval grid's (the demo's 96 maps: under 2 MB, not 97 MB);
 * else (a model that crops or letterboxes) the stored map resampled onto an ``S x S`` grid over the
   original image by the benchmark's own warp (``geometry.warp_to_eval_grid``): ``S`` is the run's eval
   size (the grid the benchmark judges on; the model input side when the store records none); pixels
@@ -48,26 +48,45 @@ import torch
 from xbench_pl.data.vocabulary import native_name
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics.chexlocalize import spans_image
-from xbench_pl.predictions import Store, StoreError
+from xbench_pl.predictions import BadShard, Store, StoreError
 
 FORMATS = ("npy", "cheXlocalize")
 
 
 def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
     """``{dataset: [(shard, rows), ...]}``: every stored image once (the first shard holding it, in name
-    order, as ``score`` replays them); ``StoreError`` if a shard does not read back."""
-    good = store.load_intact()
-    if not good:
+    order, as ``score`` replays them), each shard read back and checked but kept without its maps
+    (``with_maps`` reads them again, one shard at a time: memory flat in the store's size); ``StoreError``
+    if a shard does not read back."""
+    paths = store.shard_paths()
+    if not paths:
         raise StoreError(f"{store} holds no shard: nothing to export")
     out: dict[str, list[tuple[dict, list[int]]]] = {}
     seen: dict[str, set[str]] = {}
-    for shard in good:
+    for path in paths:
+        shard = read_shard(path, store)
+        del shard["saliency"]
         done = seen.setdefault(shard["dataset"], set())
         rows = [r for r, image_id in enumerate(shard["image_ids"]) if image_id not in done]
         done.update(shard["image_ids"][r] for r in rows)
         if rows:
             out.setdefault(shard["dataset"], []).append((shard, rows))
     return out
+
+
+def read_shard(path: str | Path, store: Store) -> dict:
+    """One shard of ``store``, whole; ``StoreError`` (naming ``--resume``) if it does not read back."""
+    try:
+        return store.read(Path(path))
+    except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
+        raise StoreError(f"a shard of {store} does not read back ({BadShard(Path(path), str(error) or type(error).__name__)}): "
+                         f"continue the run with test ... --predictions {store} --resume, which redoes its images") from None
+
+
+def with_maps(shards: list[tuple[dict, list[int]]], store: Store):
+    """Each ``(shard, rows)`` of ``store_shards`` with its maps, read one shard at a time."""
+    for shard, rows in shards:
+        yield read_shard(shard["path"], store), rows
 
 
 def infer_preprocess(shards: list[tuple[dict, list[int]]]) -> dict:
@@ -115,7 +134,7 @@ def _folder_name(text: str, what: str) -> PurePosixPath:
     return path
 
 
-def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
+def export_npy(store: Store, shards: list[tuple[dict, list[int]]], out: Path) -> int:
     """Write one dataset's maps, ``scores.csv`` and ``preprocess.json`` (the module docstring); returns the images written."""
     config = infer_preprocess(shards)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,7 +142,7 @@ def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
     with open(out / "scores.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["image_id", "finding", "score"])
-        for shard, rows in shards:
+        for shard, rows in with_maps(shards, store):
             classes = list(shard["classes"])
             if any("/" in c or c in ("", ".", "..") for c in classes):
                 raise StoreError(f"a finding name of {classes} cannot name a file: not exportable")
@@ -141,14 +160,14 @@ def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
     return images
 
 
-def export_chexlocalize(shards: list[tuple[dict, list[int]]], out: Path, dataset: str, size: int | None = None,
-                        chunk: int = 16) -> int:
+def export_chexlocalize(store: Store, shards: list[tuple[dict, list[int]]], out: Path, dataset: str,
+                        size: int | None = None, chunk: int = 16) -> int:
     """Write one dataset's ``{cxr_id}_{task}_map.pkl`` files (the module docstring): the stored native maps as they
     are for ``size`` None (they must span the whole image, ``all_span``), else maps resampled onto a ``size`` square
     over the original image; returns the images written."""
     out.mkdir(parents=True, exist_ok=True)
     images = 0
-    for shard, rows in shards:
+    for shard, rows in with_maps(shards, store):
         classes = list(shard["classes"])
         tasks = [native_name(c, dataset) for c in classes]
         bad = [t for t in tasks if "_" in t or "/" in t]
@@ -195,10 +214,10 @@ def export(store: Store, to: str, out: Path, size: int | None = None) -> dict[st
     for name, shards in datasets.items():
         folder = out if len(datasets) == 1 else out / _folder_name(name, "dataset")
         if to == "npy":
-            written[name] = export_npy(shards, folder)
+            written[name] = export_npy(store, shards, folder)
         else:
             side = size or (None if all_span(shards) else judged or int(shards[0][0]["input_size"]))
-            written[name] = export_chexlocalize(shards, folder, name, side)
+            written[name] = export_chexlocalize(store, shards, folder, name, side)
     return written
 
 

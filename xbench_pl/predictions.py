@@ -238,13 +238,16 @@ class Store:
         good, bad = [], []
         for path in self.shard_paths():
             try:
-                shard = decode_shard(path.read_bytes())
+                good.append(self.read(path))
             except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
                 bad.append(BadShard(path, str(error) or type(error).__name__))
-                continue
-            shard["path"] = str(path)
-            good.append(shard)
         return good, bad
+
+    def read(self, path: Path) -> dict:
+        """One shard, whole, with its ``path``; raises whatever stops it reading back intact."""
+        shard = decode_shard(Path(path).read_bytes())
+        shard["path"] = str(path)
+        return shard
 
     def write_shard(self, name: str, shard: dict) -> Path:
         self.shards_dir.mkdir(parents=True, exist_ok=True)
