@@ -60,13 +60,24 @@ def test_chexlocalize_export_is_their_layout_and_scores_back(half_store, tmp_pat
     # tensors as torch pickles them, as in their files (their tools call F.interpolate on the map); no other global
     assert asked <= {"torch._utils._rebuild_tensor_v2", "torch.storage._load_from_bytes", "collections.OrderedDict"}
     assert type(info) is dict and sorted(info) == ["cxr_dims", "gt", "map", "prob", "task"]
-    assert info["map"].shape == (1, 1, 512, 512) and info["map"].dtype == torch.float32  # the run's eval size
+    # a squash model's native map spans the whole image, as theirs: stored as it is, not on the 512² eval grid
+    assert info["map"].shape == (1, 1, 14, 14) and info["map"].dtype == torch.float32  # the model's 14² map
+    assert sum(f.stat().st_size for f in files) < 3e6  # (on the 512² eval grid: 97 MB)
     assert type(info["prob"]) is float and type(info["gt"]) is int and files[0].name.endswith(f"_{info['task']}_map.pkl")
     width, height = info["cxr_dims"]
     with open(files[0], "rb") as handle:  # as their heatmap_to_segmentation.py reads it
         theirs = pickle.load(handle)
     resized = F.interpolate(theirs["map"], size=(height, width), mode="bilinear", align_corners=False)
     assert resized.shape == (1, 1, height, width)
+    assert score_maps(tmp_path / "cxl", tmp_path / "scored") == expected  # the native maps: every number
+
+
+def test_chexlocalize_export_on_a_grid_scores_back(half_store, tmp_path):
+    store, expected = half_store
+    assert main(["export", "--predictions", str(store), "--to", "cheXlocalize", "--out", str(tmp_path / "cxl"),
+                 "--size", "512"]) == 0
+    with open(next((tmp_path / "cxl").glob("*_map.pkl")), "rb") as handle:
+        assert pickle.load(handle)["map"].shape == (1, 1, 512, 512)  # the run's eval grid
     scored = score_maps(tmp_path / "cxl", tmp_path / "scored")["demo"]
     for row in ("mean", *expected["demo"]["classes"]):
         got = scored["mean"] if row == "mean" else scored["classes"][row]

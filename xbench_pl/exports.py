@@ -10,18 +10,26 @@
   every stored image's affine exactly (``infer_preprocess``): the maps span that model input. For
   ``letterbox_resize`` (CheXzero) the affine does not fix the canvas: the smallest that gives every affine.
 
-``cheXlocalize``: CheXlocalize's layout, ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), a plain
-dict as theirs: ``map`` (float32 tensor ``[1, 1, S, S]`` spanning the whole original image, so their
-``eval.py`` resizes it to ``cxr_dims``), ``prob`` (the score, a float), ``task`` (the finding), ``gt``
-(the run's label, an int) and ``cxr_dims`` (the original ``(W, H)``); no ``cxr_img`` (the store holds
-no image). The map is the stored one resampled onto an ``S x S`` grid over the original image by the
-benchmark's own warp (``geometry.warp_to_eval_grid``): ``S`` is the run's eval size by default (the
-grid the benchmark judges on), the model input side when the store records none; pixels the model
-never saw get the map's minimum. Tensors pickle as ``torch`` does (``torch._utils._rebuild_tensor_v2``
-and the storage's ``torch.save`` bytes; no other global), as theirs, whose tools call ``F.interpolate``
-on the map. ``score --maps`` reads these too: at the default ``S`` its eval-grid maps are the ones
-``score --predictions`` judges, so every number but ``map_similarity`` (which compares the native
-maps, here resampled) comes out the same (tested on the demo).
+``cheXlocalize``: CheXlocalize's layout, ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), ``task`` the
+dataset's own name of the finding (``vocabulary.native_name``: CheXlocalize's ``Airspace Opacity``, not
+``Lung Opacity``, or their ``eval.py`` stops with a ``KeyError``), a plain dict as theirs: ``map`` (float32
+tensor ``[1, 1, h, w]`` spanning the whole original image, which their ``eval.py`` resizes to ``cxr_dims``),
+``prob`` (the score, a float), ``task``, ``gt`` (the run's label, an int) and ``cxr_dims`` (the original
+``(W, H)``); no ``cxr_img`` (the store holds no image). The map:
+
+* the stored native map itself where it spans the whole image (a model with ``resize="squash"``, as
+  CheXlocalize's own DenseNet): their bilinear resize of it is then the run's own full-resolution map
+  (``--model.cxl true``), so their numbers are the run's (exactly from a float32 store), and a file holds
+  ``h * w`` floats, not the eval grid's (the demo's 96 maps: under 2 MB, not 97 MB);
+* else (a model that crops or letterboxes) the stored map resampled onto an ``S x S`` grid over the
+  original image by the benchmark's own warp (``geometry.warp_to_eval_grid``): ``S`` is the run's eval
+  size (the grid the benchmark judges on; the model input side when the store records none); pixels
+  the model never saw get the map's minimum. ``--size S`` resamples every map so.
+
+Tensors pickle as ``torch`` does (``torch._utils._rebuild_tensor_v2`` and the storage's ``torch.save``
+bytes; no other global), as theirs, whose tools call ``F.interpolate`` on the map. ``score --maps`` reads
+these too and gives the numbers of ``score --predictions``: every number for native maps, every number
+but ``map_similarity`` (which compares the native maps, here resampled) for resampled ones (tested on the demo).
 
 A store of several datasets is exported one folder per dataset (``OUT/<dataset>/``).
 """
@@ -37,27 +45,48 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 
+from xbench_pl.data.vocabulary import native_name
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
-from xbench_pl.predictions import Store, StoreError
+from xbench_pl.metrics.chexlocalize import spans_image
+from xbench_pl.predictions import BadShard, Store, StoreError
 
 FORMATS = ("npy", "cheXlocalize")
 
 
 def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
     """``{dataset: [(shard, rows), ...]}``: every stored image once (the first shard holding it, in name
-    order, as ``score`` replays them); ``StoreError`` if a shard does not read back."""
-    good = store.load_intact()
-    if not good:
+    order, as ``score`` replays them), each shard read back and checked but kept without its maps
+    (``with_maps`` reads them again, one shard at a time: memory flat in the store's size); ``StoreError``
+    if a shard does not read back."""
+    paths = store.shard_paths()
+    if not paths:
         raise StoreError(f"{store} holds no shard: nothing to export")
     out: dict[str, list[tuple[dict, list[int]]]] = {}
     seen: dict[str, set[str]] = {}
-    for shard in good:
+    for path in paths:
+        shard = read_shard(path, store)
+        del shard["saliency"]
         done = seen.setdefault(shard["dataset"], set())
         rows = [r for r, image_id in enumerate(shard["image_ids"]) if image_id not in done]
         done.update(shard["image_ids"][r] for r in rows)
         if rows:
             out.setdefault(shard["dataset"], []).append((shard, rows))
     return out
+
+
+def read_shard(path: str | Path, store: Store) -> dict:
+    """One shard of ``store``, whole; ``StoreError`` (naming ``--resume``) if it does not read back."""
+    try:
+        return store.read(Path(path))
+    except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
+        raise StoreError(f"a shard of {store} does not read back ({BadShard(Path(path), str(error) or type(error).__name__)}): "
+                         f"continue the run with test ... --predictions {store} --resume, which redoes its images") from None
+
+
+def with_maps(shards: list[tuple[dict, list[int]]], store: Store):
+    """Each ``(shard, rows)`` of ``store_shards`` with its maps, read one shard at a time."""
+    for shard, rows in shards:
+        yield read_shard(shard["path"], store), rows
 
 
 def infer_preprocess(shards: list[tuple[dict, list[int]]]) -> dict:
@@ -105,7 +134,7 @@ def _folder_name(text: str, what: str) -> PurePosixPath:
     return path
 
 
-def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
+def export_npy(store: Store, shards: list[tuple[dict, list[int]]], out: Path) -> int:
     """Write one dataset's maps, ``scores.csv`` and ``preprocess.json`` (the module docstring); returns the images written."""
     config = infer_preprocess(shards)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +142,7 @@ def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
     with open(out / "scores.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["image_id", "finding", "score"])
-        for shard, rows in shards:
+        for shard, rows in with_maps(shards, store):
             classes = list(shard["classes"])
             if any("/" in c or c in ("", ".", "..") for c in classes):
                 raise StoreError(f"a finding name of {classes} cannot name a file: not exportable")
@@ -131,29 +160,33 @@ def export_npy(shards: list[tuple[dict, list[int]]], out: Path) -> int:
     return images
 
 
-def export_chexlocalize(shards: list[tuple[dict, list[int]]], out: Path, size: int | None = None, chunk: int = 16) -> int:
-    """Write one dataset's ``{cxr_id}_{task}_map.pkl`` files (the module docstring): maps on a ``size`` square
-    over the original image (None: the model input side); returns the images written."""
+def export_chexlocalize(store: Store, shards: list[tuple[dict, list[int]]], out: Path, dataset: str,
+                        size: int | None = None, chunk: int = 16) -> int:
+    """Write one dataset's ``{cxr_id}_{task}_map.pkl`` files (the module docstring): the stored native maps as they
+    are for ``size`` None (they must span the whole image, ``all_span``), else maps resampled onto a ``size`` square
+    over the original image; returns the images written."""
     out.mkdir(parents=True, exist_ok=True)
     images = 0
-    for shard, rows in shards:
+    for shard, rows in with_maps(shards, store):
         classes = list(shard["classes"])
-        bad = [c for c in classes if "_" in c or "/" in c]
+        tasks = [native_name(c, dataset) for c in classes]
+        bad = [t for t in tasks if "_" in t or "/" in t]
         if bad:
             raise StoreError(f"finding {bad[0]!r} holds '_' or '/': CheXlocalize's {{cxr_id}}_{{task}}_map.pkl names cannot hold it")
-        side = size or int(shard["input_size"])
+        input_size = int(shard["input_size"])
         for start in range(0, len(rows), chunk):
             part = torch.tensor(rows[start:start + chunk])
             n, c = len(part), len(classes)
-            maps = warp_to_eval_grid(shard["saliency"][part].flatten(0, 1), shard["affine"][part].repeat_interleave(c, 0),
-                                     int(shard["input_size"]), shard["original_size"][part].repeat_interleave(c, 0), side)
-            maps = maps.view(n, c, side, side)
+            native = shard["saliency"][part].float()
+            maps = native if size is None else warp_to_eval_grid(
+                native.flatten(0, 1), shard["affine"][part].repeat_interleave(c, 0), input_size,
+                shard["original_size"][part].repeat_interleave(c, 0), size).view(n, c, size, size)
             for b, r in enumerate(part.tolist()):
                 image_id = shard["image_ids"][r]
                 if "/" in image_id or image_id in ("", ".", ".."):
                     raise StoreError(f"image id {image_id!r} holds '/': CheXlocalize's file names cannot hold it (export --to npy)")
                 height, width = shard["original_size"][r].tolist()
-                for k, task in enumerate(classes):
+                for k, task in enumerate(tasks):
                     info = {"map": maps[b, k][None, None].clone(), "prob": float(shard["scores"][r, k]), "task": task,
                             "gt": int(shard["labels"][r, k]), "cxr_dims": (int(width), int(height))}
                     with open(out / f"{image_id}_{task}_map.pkl", "wb") as handle:
@@ -171,13 +204,24 @@ def eval_size(stored: dict) -> int | None:
 
 def export(store: Store, to: str, out: Path, size: int | None = None) -> dict[str, int]:
     """Export every dataset of ``store`` as ``to`` (``FORMATS``) into ``out`` (``out/<dataset>`` when several);
-    ``size``: the cheXlocalize maps' side (default: the run's eval size). Returns ``{dataset: images written}``."""
+    ``size``: the side of the cheXlocalize maps resampled over the whole image (default: native maps that span
+    it, the run's eval size for others). Returns ``{dataset: images written}``."""
     if to not in FORMATS:
         raise ValueError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
-    size = size or eval_size(store.read_manifest() or {})
+    judged = eval_size(store.read_manifest() or {})
     datasets = store_shards(store)
     written = {}
     for name, shards in datasets.items():
         folder = out if len(datasets) == 1 else out / _folder_name(name, "dataset")
-        written[name] = export_npy(shards, folder) if to == "npy" else export_chexlocalize(shards, folder, size)
+        if to == "npy":
+            written[name] = export_npy(store, shards, folder)
+        else:
+            side = size or (None if all_span(shards) else judged or int(shards[0][0]["input_size"]))
+            written[name] = export_chexlocalize(store, shards, folder, name, side)
     return written
+
+
+def all_span(shards: list[tuple[dict, list[int]]]) -> bool:
+    """Whether every stored map spans its whole original image (``metrics.chexlocalize.spans_image``: squash)."""
+    return all(spans_image(shard["affine"][r], int(shard["input_size"]), *shard["original_size"][r].tolist())
+               for shard, rows in shards for r in rows)

@@ -38,7 +38,7 @@ from xbench_pl.data.base import Record, XBenchDataModule, XBenchDataset
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box
 from xbench_pl.external_maps import finding_name, replay_items
-from xbench_pl.predictions import Replayer
+from xbench_pl.predictions import Replayer, images_per_update
 
 BOX_COLUMNS = ("image_id", "finding", "x_min", "y_min", "x_max", "y_max")
 CORNERS = BOX_COLUMNS[2:]
@@ -254,8 +254,9 @@ def score_boxes(child: XBenchDataModule, records: list[Record], sizes: dict[str,
     dataset = XBenchDataset(child.name, records, classes, None, size)
     scored = True
     progress = ProgressLines(f"{child.name} boxes", len(records), "images", after=QUIET_SECONDS)
-    for start in range(0, len(records), chunk):
-        part = records[start:start + chunk]
+    step = images_per_update(chunk, len(classes), size, size)  # box maps are eval-grid sized
+    for start in range(0, len(records), step):
+        part = records[start:start + step]
         items = []
         for record in part:
             height, width = sizes[record.image_id]

@@ -26,7 +26,7 @@ from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess
 from xbench_pl.metrics.recognition import RECOGNITION_KEYS
-from xbench_pl.predictions import Replayer, replay
+from xbench_pl.predictions import Replayer, images_per_update, replay
 
 
 #: CheXpert's 14 labels in its CSV order: a pickle whose ``prob`` holds all 14 is indexed by its task.
@@ -192,35 +192,44 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
     dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
     all_scored = True
     progress = ProgressLines(f"{child.name} maps", len(kept), "images", after=QUIET_SECONDS)
-    for start in range(0, len(kept), chunk):
-        part = kept[start:start + chunk]
-        groups: dict[tuple[int, int], list] = {}
-        for record in part:
-            height, width = child.image_sizes[record.image_id]
-            maps, row = [], []
-            for finding in classes:
-                path, spelled = found[record.image_id][finding]
-                saliency, score, size = read_map(path)
-                if size is not None and size != (height, width):
-                    raise DataError(path, f"the map's file says the image is {size[0]}x{size[1]} (H x W); "
-                                    f"{record.path} is {height}x{width}")
-                if score is None:
-                    score = scores.get((record.image_id, finding), scores.get((record.image_id, spelled)))
-                maps.append(saliency)
-                row.append(float("nan") if score is None else float(score))
-            if len({m.shape for m in maps}) != 1:
-                raise DataError(found[record.image_id][classes[0]][0].parent, f"{record.image_id}: its maps differ in size "
-                                f"({sorted({tuple(m.shape) for m in maps})}); score maps of one size per run")
-            groups.setdefault(tuple(maps[0].shape), []).append((record.image_id, (height, width), torch.stack(maps), row))
-        for (h, w), items in groups.items():
-            if preprocess is None:  # the map spans the whole original image: call that an input of max(h, w) squared
-                size = max(h, w)
-                affine = [[size / W, size / H, 0.0, 0.0] for _, (H, W), _, _ in items]
-            else:
-                size = preprocess.size
-                affine = [list(preprocess.plan(H, W)[1]) for _, (H, W), _, _ in items]
-            all_scored &= replay_items(replayer, dataset, items, size, affine, chunk)
-        progress.step(len(part))
+    held: list = []  # images read (of one map size), until one metric update's worth
+
+    def flush() -> None:
+        nonlocal all_scored
+        shape = tuple(held[0][2].shape[1:])
+        if preprocess is None:  # the map spans the whole original image: call that an input of max(h, w) squared
+            size = max(shape)
+            affine = [[size / W, size / H, 0.0, 0.0] for _, (H, W), _, _ in held]
+        else:
+            size = preprocess.size
+            affine = [list(preprocess.plan(H, W)[1]) for _, (H, W), _, _ in held]
+        all_scored &= replay_items(replayer, dataset, held, size, affine, chunk)
+        progress.step(len(held))
+        held.clear()
+
+    for record in kept:
+        height, width = child.image_sizes[record.image_id]
+        maps, row = [], []
+        for finding in classes:
+            path, spelled = found[record.image_id][finding]
+            saliency, score, size = read_map(path)
+            if size is not None and size != (height, width):
+                raise DataError(path, f"the map's file says the image is {size[0]}x{size[1]} (H x W); "
+                                f"{record.path} is {height}x{width}")
+            if score is None:
+                score = scores.get((record.image_id, finding), scores.get((record.image_id, spelled)))
+            maps.append(saliency)
+            row.append(float("nan") if score is None else float(score))
+        if len({m.shape for m in maps}) != 1:
+            raise DataError(found[record.image_id][classes[0]][0].parent, f"{record.image_id}: its maps differ in size "
+                            f"({sorted({tuple(m.shape) for m in maps})}); score maps of one size per run")
+        if held and held[0][2].shape != (len(classes), *maps[0].shape):
+            flush()
+        held.append((record.image_id, (height, width), torch.stack(maps), row))
+        if len(held) == images_per_update(chunk, len(classes), *maps[0].shape):
+            flush()
+    if held:
+        flush()
     return len(kept), all_scored
 
 

@@ -67,6 +67,9 @@ ARRAYS = {"scores": torch.float64, "affine": torch.float64, "original_size": tor
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.int64: "I64", torch.float32: "F32", torch.float16: "F16",
                        torch.uint16: "U16", torch.uint8: "U8"}
 _NO_DIGEST = "0" * 64
+#: native-map pixels of one replayed metric update at most: the metrics' float64 temporaries of large maps (box
+#: maps on the eval grid, full-image maps) stay a few hundred MB, flat in the number of images, whatever ``chunk``
+UPDATE_PIXELS = 2**22
 #: manifest keys that must agree for two runs to write into one store
 FINGERPRINT = ("format", "xbench_pl", "model_name", "random_weights", "explainer", "config", "metrics", "dtype")
 
@@ -235,13 +238,16 @@ class Store:
         good, bad = [], []
         for path in self.shard_paths():
             try:
-                shard = decode_shard(path.read_bytes())
+                good.append(self.read(path))
             except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
                 bad.append(BadShard(path, str(error) or type(error).__name__))
-                continue
-            shard["path"] = str(path)
-            good.append(shard)
         return good, bad
+
+    def read(self, path: Path) -> dict:
+        """One shard, whole, with its ``path``; raises whatever stops it reading back intact."""
+        shard = decode_shard(Path(path).read_bytes())
+        shard["path"] = str(path)
+        return shard
 
     def write_shard(self, name: str, shard: dict) -> Path:
         self.shards_dir.mkdir(parents=True, exist_ok=True)
@@ -362,6 +368,12 @@ class Replayer(ZeroShotModel):
         return self.answer
 
 
+def images_per_update(chunk: int, classes: int, height: int, width: int) -> int:
+    """Images of ``classes`` maps of ``height x width`` fed to one metric update: ``chunk``, fewer where their
+    pixels pass ``UPDATE_PIXELS`` (at least one)."""
+    return max(1, min(chunk, UPDATE_PIXELS // (classes * height * width)))
+
+
 def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, device: torch.device | str = "cpu",
            chunk: int = 64) -> list[str]:
     """Feed a shard's images that ``dataset`` evaluates (minus ``skip``) into ``replayer.benchmark``
@@ -369,8 +381,9 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
     size and input size and the dataset's labels and regions (``XBenchDataset.targets``: no image
     is read), and the model's answer is the stored scores and native maps. Returns the image ids fed.
 
-    Grounding sums are int64 fixed point and recognition counts exact, so the order and grouping
-    of images do not change a digit: a float32 store replays bit-identically.
+    Images go in groups of ``chunk``, fewer for large maps (``images_per_update``). Grounding sums are int64
+    fixed point and recognition counts exact, so the order and grouping of images do not change a digit: a
+    float32 store replays bit-identically.
     """
     if list(shard["classes"]) != list(dataset.classes):
         raise StoreError(f"{shard.get('path', 'a shard')}: classes {list(shard['classes'])} differ from the dataset's "
@@ -380,9 +393,10 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
     skip = skip or set()
     rows = [row for row, image_id in enumerate(shard["image_ids"]) if image_id in position and image_id not in skip]
     size = int(shard["input_size"])
+    step = images_per_update(chunk, *shard["saliency"].shape[1:])
     fed = []
-    for start in range(0, len(rows), chunk):
-        part = torch.tensor(rows[start:start + chunk], dtype=torch.long)
+    for start in range(0, len(rows), step):
+        part = torch.tensor(rows[start:start + step], dtype=torch.long)
         ids = [shard["image_ids"][r] for r in part.tolist()]
         original_size = shard["original_size"][part]
         labels, masks, region_index = [], [], []

@@ -6,10 +6,11 @@ xbench_pl (``exports``):
 * ``--to npy``: ``OUT/<image_id>/<finding>.npy`` (the stored native maps), ``OUT/scores.csv``
   (``image_id,finding,score``) and ``OUT/preprocess.json``: what ``score --maps`` reads, and
   ``score --maps OUT --data NAME`` then gives the numbers of ``score --predictions DIR`` exactly;
-* ``--to cheXlocalize``: CheXlocalize's ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), plain
-  dicts (``map`` ``[1, 1, S, S]`` over the whole original image, ``prob``, ``task``, ``gt``,
-  ``cxr_dims``) that their ``eval.py`` and tools read; ``--size S`` sets the map's side (default: the
-  run's eval size, so that ``score --maps`` judges the maps ``score --predictions`` does).
+* ``--to cheXlocalize``: CheXlocalize's ``OUT/{cxr_id}_{task}_map.pkl`` per (image, finding), named with
+  the dataset's own task names, plain dicts (``map`` ``[1, 1, h, w]`` over the whole original image,
+  ``prob``, ``task``, ``gt``, ``cxr_dims``) that their ``eval.py`` and tools read: the native maps where
+  they span the whole image (squash), else maps resampled onto the run's eval grid; ``--size S``
+  resamples every map onto an ``S x S`` grid.
 
 A store of several datasets is written one folder per dataset (``OUT/<dataset>/``). ``OUT`` must be
 empty or new. Every shard must read back intact (otherwise: continue the run with ``--resume``);
@@ -28,7 +29,8 @@ USAGE = "export --predictions DIR --to npy|cheXlocalize --out DIR [--size N]"
 OPTIONS = {"--predictions DIR": f"the prediction store ({PROG} test --predictions DIR)",
            "--to npy|cheXlocalize": "the layout: npy (what score --maps reads) or cheXlocalize (their *_map.pkl)",
            "--out DIR": "the folder to write (empty or new)",
-           "--size N": "cheXlocalize: the side of each map over the original image (default: the run's eval size)"}
+           "--size N": "cheXlocalize: resample every map onto an N x N grid over the original image (default: native maps "
+                       "that span it as they are, others on the run's eval grid)"}
 
 
 def main(argv: list[str] | None = None) -> int:

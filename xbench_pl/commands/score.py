@@ -106,7 +106,7 @@ SHARED_HELP = {
     "--normalize M": "saliency normalisation: minmax, max or none",
     "--fixed_threshold T": "the fixed Dice/IoU threshold, on the grid 0, 0.01, ..., 1",
     "--score_threshold T": "the threshold on scores for F1 and Hamming accuracy, in [0, 1]",
-    "--chunk N": "images replayed per metric update (default: 64)",
+    "--chunk N": "images replayed per metric update at most (default: 64; fewer for large maps)",
     "--columns all|KEY,...": "the printed table's columns (default: the paper's and n_regions; metrics.md has all)",
 }
 METRIC_OPTIONS = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
@@ -120,7 +120,7 @@ def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: d
     for name, kind in METRIC_OPTIONS.items():
         parser.add_argument(f"--{name}", type=Optional[kind], default=metric_defaults.get(name),
                             help=f"metric setting (default: the run's, {metric_defaults.get(name)!r})")
-    parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update")
+    parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update at most (fewer for large maps)")
     return parser
 
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, options: dict[str, str],
-                 cxl: bool = True, chunk: int = 64) -> SimpleNamespace | int:
+                 cxl: bool = True) -> SimpleNamespace | int:
     """What ``score --maps`` and ``score --boxes`` share before reading their input: ``source`` (``flag``'s
     value, ``what`` the help calls it), the table ``columns``, the ``datamodule_class`` (``--data NAME``) and
     its ``chosen`` settings, the ``metrics`` settings and the parsed ``args``; or the exit code (0 after
@@ -245,7 +245,6 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
         print(f"error: --data {name}: {error}", file=sys.stderr)
         return 2
     parser = build_parser(datamodule_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
-    parser.set_defaults(chunk=chunk)
     if cxl:
         parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
     parser.add_argument("--bootstrap", type=NonNegativeInt, default=1000, help="bootstrap resamples for ci (0 = off)")
@@ -331,8 +330,7 @@ def score_boxes(argv: list[str]) -> int:
                        "[--normalize M] [--fixed_threshold T] [--score_threshold T] [--columns all|KEY,...]", BOXES_HELP.split("\n\n", 1)[1], {
                            "--boxes FILE": f"the boxes: .csv or .jsonl with {BOX_LAYOUT}",
                            "--data NAME": "the dataset the boxes are of", **SHARED_HELP,
-                           "--chunk N": "images replayed per metric update (default: 16; box maps are eval-grid sized)",
-                           "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"}, cxl=False, chunk=16)
+                           "--bootstrap N": "bootstrap resamples for ci (0 = off; default: 1000)"}, cxl=False)
     if isinstance(run, int):
         return run
     if not run.source.is_file():

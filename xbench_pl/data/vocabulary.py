@@ -136,6 +136,12 @@ def dataset_classes(dataset: str) -> tuple[str, ...]:
     return tuple(canonical(s, dataset) for s in NATIVE_CLASSES[dataset])
 
 
+def native_name(finding: str, dataset: str) -> str:
+    """A dataset's own spelling of the canonical ``finding`` (its files', ``NATIVE_CLASSES``), e.g. CheXlocalize's
+    ``Airspace Opacity`` for ``Lung Opacity``; the finding itself where the dataset has no other."""
+    return next((s for s in NATIVE_CLASSES.get(dataset, ()) if canonical(s, dataset) == finding), finding)
+
+
 def canonical_findings(class_lists: Iterable[Iterable[str]] | None = None) -> list[str]:
     """Distinct canonical findings over ``class_lists`` (canonical names; default: every
     dataset's annotated classes)."""

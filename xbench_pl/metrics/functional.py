@@ -350,7 +350,7 @@ def map_similarity(saliency: torch.Tensor) -> torch.Tensor:
     hi = saliency.flatten(2).double().abs().amax(-1)
     constant = norm <= RELATIVE_TOLERANCE * hi.clamp_min(torch.finfo(torch.float64).tiny) * x.shape[-1] ** 0.5
     z = torch.where(constant[..., None], torch.zeros_like(x), x / torch.where(constant, torch.ones_like(norm), norm)[..., None])
-    corr = (z[:, :, None, :] * z[:, None, :, :]).sum(-1)  # [B, C, C]
+    corr = z @ z.transpose(1, 2)  # [B, C, C] (a product of all pairs at once would hold B * C * C maps)
     both_constant = constant[:, :, None] & constant[:, None, :]
     corr = torch.where(both_constant, torch.ones_like(corr), corr.clamp(-1, 1))
     eye = torch.eye(c, dtype=torch.bool, device=corr.device)
