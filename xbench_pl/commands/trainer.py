@@ -28,7 +28,7 @@ from typing import Optional
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, is_name, take_option
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import is_rank_zero
@@ -47,11 +47,6 @@ TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
-
-
-def is_name(value: str) -> bool:
-    """A registered name, not a class path, a file or inline YAML."""
-    return not ("." in value or "/" in value or value.startswith("{"))
 
 
 def resolve_names(argv: list[str]) -> list[str]:
