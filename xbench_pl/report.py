@@ -56,7 +56,7 @@ FIXED_THRESHOLD_KEY = re.compile(r"(dice|iou)@[0-9.]+")
 def format_value(value) -> str:
     if value is None:
         return "–"
-    return str(value) if isinstance(value, int) else f"{value:.3f}"
+    return str(value) if isinstance(value, (int, str)) else f"{value:.3f}"
 
 
 def markdown_table(rows: dict[str, dict], first: str) -> str:
@@ -177,20 +177,19 @@ def explainer_text(explainer: dict, quote: str = "") -> str:
     return f"{explainer['name']}{layer}{target} ({explainer['library']} {explainer['version']})"
 
 
-def format_gap(gap: dict | None) -> str:
-    """A ``group_gap`` as ``0.120 (M − F) [0.010, 0.230], p 0.040``; ``tie`` where the values' means are equal."""
+def gap_row(gap: dict | None) -> dict:
+    """A ``group_gap`` as a table row: the gap, which values (``high − low``), its interval and p; a tie says so."""
     if gap is None:
-        return "–"
-    if gap["gap"] == 0:
-        return "0 (tie)"
-    ci = f" [{gap['ci'][0]:.3f}, {gap['ci'][1]:.3f}]" if gap.get("ci") else ""
-    p = f", p {gap['p']:.3f}" if gap.get("p") is not None else ""
-    return f"{gap['gap']:.3f} ({gap['high']} − {gap['low']}){ci}{p}"
+        return {"gap": None, "between": None, "interval": None, "p": None}
+    between = "tie" if gap["gap"] == 0 else f"{gap['high']} − {gap['low']}"
+    interval = f"[{gap['ci'][0]:.3f}, {gap['ci'][1]:.3f}]" if gap.get("ci") else None
+    return {"gap": gap["gap"], "between": between, "interval": interval, "p": gap.get("p")}
 
 
 def group_summary(name: str, by_group: dict, columns: list[str] | str | None) -> list[str]:
     """Console lines of a dataset's ``by_group``: per group, the images per value, a table of each value's mean and
-    the gap of each shown key; one line for a group unknown for every image (no table of nothing)."""
+    one of the gap of each shown key (with its bootstrap interval and p); one line for a group unknown for every
+    image (no table of nothing)."""
     lines = []
     for group, entry in by_group.items():
         counts = entry["n_images"]
@@ -200,13 +199,15 @@ def group_summary(name: str, by_group: dict, columns: list[str] | str | None) ->
                           f"{group} they could be grouped by); no per-{group} table"]
             continue
         rows = {f"{value} ({n} images)": entry[value]["mean"] for value, n in known.items()}
-        shown = [key for key in console_columns(next(iter(rows.values())), columns) if key in entry["gap"]]
         lines += ["", f"{name} by {group} ({', '.join(f'{v}: {n}' for v, n in counts.items())} images):",
                   console_table(rows, group, columns)]
-        level = next((int(e["ci"]["level"] * 100) for e in map(entry.get, known) if e.get("ci")), None)
-        interval = f", its {level} % bootstrap interval and p" if level else ""
-        lines.append(f"gap (largest − smallest mean{interval}): "
-                     + "; ".join(f"{key} {format_gap(entry['gap'][key])}" for key in shown))
+        gaps = {key: gap_row(entry["gap"][key]) for key in console_columns(next(iter(rows.values())), columns)
+                if entry["gap"].get(key)}
+        if gaps:
+            lines += [f"gap between the {group} values (largest − smallest mean, 95 % bootstrap interval, p):",
+                      console_table(gaps, "key", "all")]
+        else:
+            lines.append(f"no gap: only {', '.join(known)} has images")
     return lines
 
 
