@@ -87,7 +87,7 @@ def resolve_names(argv: list[str]) -> list[str]:
     return out
 
 
-def test_command(argv: list[str], checkpoint: str) -> str:
+def command_to_test(argv: list[str], checkpoint: str) -> str:
     """The ``test`` command of a ``fit`` run's checkpoint, ready to paste: fit's ``--model``/``--data``/``--config``
     options as given (less ``FIT_ONLY``) and ``--ckpt_path``."""
     kept, i = [], 0
@@ -288,7 +288,7 @@ class XBenchCLI(LightningCLI):
         say(f"wrote {out / 'fit.json'} and the split {record['split']}")
         if path:
             say(f"checkpoint: {path}\ntest it:")
-            print(f"  {test_command(self.given, path)}")  # one line, to copy whole
+            print(f"  {command_to_test(self.given, path)}")  # one line, to copy whole
         self.print_wandb_run()
 
     def settings(self) -> dict:
