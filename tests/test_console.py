@@ -37,7 +37,8 @@ def test_a_piped_run_prints_progress_lines_and_a_table_that_fits_100_columns(tmp
     assert steps[-1] == (12, 12) and len(steps) > 2  # a line every few batches and a final one (12 images, batch 1)
     lines = table_lines(result.stdout)
     assert lines and max(map(len, lines)) <= 100
-    assert re.split(r"\s*\|\s*", lines[0].strip("| ")) == ["dataset", *DEFAULT_COLUMNS]
+    headers = [h for line in lines if line.startswith("| dataset") for h in re.split(r"\s*\|\s*", line.strip("| "))[1:]]
+    assert headers == list(DEFAULT_COLUMNS)  # in order, over as many tables as 100 columns take
     assert f"every column: {tmp_path / 'metrics.md'}" in " ".join(result.stdout.split())  # wrapped to the width
 
 

@@ -43,6 +43,8 @@ def test_help_of_the_commands_without_a_model_loads_neither_lightning_nor_torch(
     (["--model", "center", "--data", "nope"], "error: unknown dataset 'nope'; available: ["),
     (["--model", "center", "--data", "nih_bbox", "--data.root", "/no/such/folder"], "error: --data.root: /no/such/folder: no such folder"),
     (["--model", "center", "--data", "demo", "--out", "/proc/version/out"], "error: --out /proc/version/out: "),
+    (["--model", "center", "--data", "demo", "--data.batch_size", "0"], "error: --data.batch_size: must be > 0, got 0"),
+    (["--model", "clip", "--data", "demo", "--model.text_batch_size=x"], "error: --model.text_batch_size: expected an int, got 'x'"),
 ])
 def test_trainer_errors_that_need_no_model_come_before_lightning_loads(args, says):
     for command in ("test", "fit"):
