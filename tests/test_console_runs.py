@@ -54,6 +54,14 @@ def test_trainer_errors_that_need_no_model_come_before_lightning_loads(args, say
         assert not modules & {"lightning", "torch"}
 
 
+def test_score_of_a_missing_store_ends_before_torch_loads():
+    run, modules = imported("score", "--predictions", "/no/such/store")
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
+    assert run.returncode == 2 and errors == ["error: --predictions /no/such/store: no such folder (a store written by "
+                                              "python -m xbench_pl test --predictions DIR)"]
+    assert not modules & {"lightning", "torch"}
+
+
 # -- help ----------------------------------------------------------------------------------------
 def test_score_help_has_no_placeholders():
     run = cli("score", "--help")

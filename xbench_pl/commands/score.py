@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
+    if not Path(folder).is_dir():  # before torch loads
+        print(f"error: --predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)",
+              file=sys.stderr)
+        return 2
     from xbench_pl.predictions import StoreError, model_name, rescore
     from xbench_pl.report import publish_scores
 
