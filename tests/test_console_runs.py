@@ -116,8 +116,7 @@ def test_groups_print_a_table_per_group_and_the_gaps_and_a_group_unknown_everywh
     assert re.search(r"\| pointing_game \|\s+0.250 \|\s+M − F \| \[0.050, 0.400\] \| 0.020 \|", text)
     assert re.search(r"\| auroc\s+\|\s+0.000 \|\s+tie \|", text)
     lines = [line for line in text.splitlines() if "view" in line]
-    assert lines == ["demo by view: unknown for all 7 images (the dataset records no view they could be grouped by); "
-                     "no per-view table"]
+    assert lines == ["demo by view: unknown for all 7 images (no view in the dataset's metadata); no per-view table"]
 
 
 def test_ms_cxr_runs_show_cnr_by_default_and_the_explainer_is_named(tmp_path, capsys, monkeypatch):

@@ -195,8 +195,8 @@ def group_summary(name: str, by_group: dict, columns: list[str] | str | None) ->
         counts = entry["n_images"]
         known = {value: n for value, n in counts.items() if value != UNKNOWN and n}
         if not known:
-            lines += ["", f"{name} by {group}: unknown for all {counts.get(UNKNOWN, 0)} images (the dataset records no "
-                          f"{group} they could be grouped by); no per-{group} table"]
+            lines += ["", f"{name} by {group}: unknown for all {counts.get(UNKNOWN, 0)} images (no {group} in the "
+                          f"dataset's metadata); no per-{group} table"]
             continue
         rows = {f"{value} ({n} images)": entry[value]["mean"] for value, n in known.items()}
         lines += ["", f"{name} by {group} ({', '.join(f'{v}: {n}' for v, n in counts.items())} images):",
