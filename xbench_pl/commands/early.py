@@ -1,7 +1,7 @@
 """What ``test`` and ``fit`` check of their command line before Lightning, torch and the model's code load
 (seconds, more on a busy machine): a ``--model``/``--data`` name that is not registered, a ``--data.root`` that
 is no folder, an ``--out`` that cannot be written, and a number outside its option's range (``--data.batch_size
-0``) end the command at once, with the line LightningCLI's parse would give. The number types are read from the
+0``) end the command at once, in the words of LightningCLI's own checks. The number types are read from the
 classes' signatures in their source (``init_types``), not imported; LightningCLI checks everything again (and
 the rest: choices, paths, files) once the classes are loaded."""
 
@@ -55,8 +55,13 @@ def number_problem(option: str, annotation: str, text: str) -> str | None:
     """The line for ``option``'s value ``text`` outside its number type (``annotation``), or None (fine, or not a
     number type: LightningCLI judges it)."""
     kind = NUMBER_TYPES.get(re.sub(r"\s*\|\s*None$|^Optional\[(.*)\]$", r"\1", annotation).strip())
-    value = yaml.safe_load(text)
-    if kind is None or (value is None and annotation != kind.__name__):
+    if kind is None:
+        return None
+    try:
+        value = yaml.safe_load(text)  # as jsonargparse reads a value
+    except yaml.YAMLError:
+        value = text
+    if value is None and annotation != kind.__name__:  # null, where the type is optional
         return None
     expected = "an int" if issubclass(kind, int) else "a float"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (issubclass(kind, int) and isinstance(value, float)):
