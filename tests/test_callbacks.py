@@ -184,4 +184,4 @@ def test_wandb_offline_run_holds_the_media_and_table(runs):
     console = (runs / "wandb_console.txt").read_text()
     chatter = [line for line in console.splitlines() if line.startswith("wandb:") and "anonymous setting" not in line]
     assert chatter == [] and "\x1b[" not in console
-    assert f"W&B run saved offline in {run_dirs[0]} (upload: wandb sync {run_dirs[0]})" in console
+    assert f"W&B run saved offline in {run_dirs[0]} (upload: wandb sync {run_dirs[0]})" in " ".join(console.split())  # wrapped

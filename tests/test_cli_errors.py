@@ -100,7 +100,7 @@ def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
     assert console.count("has RANDOM weights") == 2  # the warning at build, and the note under the table
     assert "NOTE: fixture_models.RandomIntensityModel has RANDOM weights" in result.stdout
     assert (f"nih_bbox: 1 image(s)/row(s) skipped and 1 corrected (clipped 1); listed in {out / 'metrics.json'} "
-            f"(datasets.nih_bbox.problems) and {out / 'metrics.md'}") in result.stdout.splitlines()
+            f"(datasets.nih_bbox.problems) and {out / 'metrics.md'}") in " ".join(result.stdout.split())  # wrapped
     report = json.loads((out / "metrics.json").read_text())
     assert list(report) == ["model", "random_weights", "datasets", "config", "explainer", "provenance"]
     assert report["explainer"]["name"] == "native"  # where the maps come from (docs/explainers.md)

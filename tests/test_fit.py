@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from test_cli import cli
 import kad_reference
 from test_kad import tiny_architecture, write_json
 from xbench_pl.commands import main
+from xbench_pl.commands.arguments import PROG
 from xbench_pl.data import splits
 from xbench_pl.data.base import Record
 from xbench_pl.data.errors import DataError
@@ -214,14 +216,16 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
                   "--model.bootstrap", "0"]
     common = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
     assert main(["fit", *model_args, "--model.lr", "0.05", "--data", "demo", "--data.val_fraction", "0.25",
-                 "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false", *common,
-                 "--out", str(tmp_path / "fit")]) == 0
+                 "--trainer.max_epochs", "1", *common, "--out", str(tmp_path / "fit")]) == 0
     printed = capsys.readouterr().out
     checkpoint = tmp_path / "fit" / "checkpoints" / "last.ckpt"
     assert f"checkpoint: {checkpoint}" in printed and "validation after epoch 0 (3 images)" in printed
+    assert f"{PROG} test {' '.join(model_args)} --data demo --ckpt_path {checkpoint}\n" in printed  # to paste
+    assert "Total params" not in printed and "FLOPs" not in printed  # no Lightning model summary
     record = json.loads((tmp_path / "fit" / "fit.json").read_text())
-    validated = record["validation"][0]["mean"]["demo"]  # and the line printed when the epoch's validation ended
-    assert f"epoch 0 validation, demo: pointing_game {validated['pointing_game']:.3f} dice@0.5 {validated['dice@0.5']:.3f}" in printed
+    validated = record["validation"][0]["mean"]["demo"]  # in one table: the last epoch has no line of its own
+    assert re.search(rf"\| demo +\| +{validated['pointing_game']:.3f} \| +{validated['dice@0.5']:.3f} \|", printed)
+    assert "epoch 0 validation" not in printed
     assert record["checkpoint"] == str(checkpoint) and [e["epoch"] for e in record["validation"]] == [0]
     assert record["trained_parameters"] == ["model.text_projection", "model.logit_scale"]
     assert (tmp_path / "fit" / "split.csv").read_text().count(",val\n") == 3

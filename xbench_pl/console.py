@@ -10,11 +10,12 @@ import math
 import os
 import shutil
 import sys
+import textwrap
 import time
 from datetime import timedelta
 
 #: the console width where stdout is no terminal and ``COLUMNS`` is unset (logs, pipes)
-DEFAULT_WIDTH = 120
+DEFAULT_WIDTH = 100
 #: a command's loops (score, compare, report) say nothing before this: short inputs need no progress
 QUIET_SECONDS = 3.0
 
@@ -33,10 +34,25 @@ def width() -> int:
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
+def wrap(text: str) -> str:
+    """``text`` wrapped at word boundaries to the terminal's ``width``, continuation lines indented; a word longer
+    than a line (a path) stays whole."""
+    return textwrap.fill(text, width(), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+
+def say(text: str = "", file=None) -> None:
+    """Print ``text`` (stdout by default), each of its lines wrapped to the terminal (``wrap``) but table lines (``|``
+    first: ``report.console_table`` fits them already)."""
+    lines = text.split("\n")
+    print("\n".join(line if not line or line.startswith("|") else wrap(line) for line in lines), file=file or sys.stdout,
+          flush=True)
+
+
 def note(message: str) -> None:
-    """One line on stderr from rank zero: what the run is doing that a person would otherwise wonder about."""
+    """One line on stderr from rank zero: what the run is doing that a person would otherwise wonder about
+    (wrapped to the terminal's width)."""
     if is_rank_zero():
-        print(message, file=sys.stderr, flush=True)
+        say(message, file=sys.stderr)
 
 
 def _clock(seconds: float) -> str:

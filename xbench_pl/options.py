@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from jsonargparse.typing import extend_base_type
-
-from xbench_pl.metrics.kernels import default_thresholds
 
 
 def _on_threshold_grid(cls, value) -> None:
+    import torch  # here: the commands' --help reads these types without torch
+
+    from xbench_pl.metrics.kernels import default_thresholds
+
     number = float(value)
     if not torch.isclose(default_thresholds(dtype=torch.float64), torch.tensor(number, dtype=torch.float64), atol=1e-9).any():
         raise ValueError(f"{value} is not on the threshold grid 0, 0.01, ..., 1")

@@ -36,8 +36,9 @@ from types import SimpleNamespace
 
 import torch
 
-from xbench_pl.console import width
+from xbench_pl.console import say, width
 from xbench_pl.data.errors import Problem
+from xbench_pl.data.groups import UNKNOWN
 from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
 from xbench_pl.outputs import REPLICATES_FILE, split_replicates, write_results
@@ -46,6 +47,8 @@ from xbench_pl.outputs import REPLICATES_FILE, split_replicates, write_results
 #: the grounding denominator; ``metrics.md`` and ``metrics.json`` keep every column
 DEFAULT_COLUMNS = ("pointing_game", "dice@0.5", "iou@0.5", "dice_best", "iou_best", "tau_best", "delta_dice", "auroc",
                    "n_regions")
+#: default columns a dataset adds (by its name's start): MS-CXR's contrast-to-noise ratio (BioViL's grounding measure)
+DATASET_COLUMNS = {"ms_cxr": ("cnr",)}
 #: the fixed-threshold keys, named by the run's threshold (``--model.fixed_threshold``)
 FIXED_THRESHOLD_KEY = re.compile(r"(dice|iou)@[0-9.]+")
 
@@ -53,7 +56,7 @@ FIXED_THRESHOLD_KEY = re.compile(r"(dice|iou)@[0-9.]+")
 def format_value(value) -> str:
     if value is None:
         return "–"
-    return str(value) if isinstance(value, int) else f"{value:.3f}"
+    return str(value) if isinstance(value, (int, str)) else f"{value:.3f}"
 
 
 def markdown_table(rows: dict[str, dict], first: str) -> str:
@@ -91,6 +94,13 @@ def console_columns(row: dict, columns: list[str] | str | None = None) -> list[s
             key = own.get(key.partition("@")[0], key)
         chosen.append(key)
     return chosen
+
+
+def default_columns(datasets) -> list[str]:
+    """``DEFAULT_COLUMNS`` with the ``DATASET_COLUMNS`` of the ``datasets`` (names) before ``n_regions``."""
+    extra = [key for prefix, keys in DATASET_COLUMNS.items() if any(name.startswith(prefix) for name in datasets)
+             for key in keys]
+    return [*DEFAULT_COLUMNS[:-1], *dict.fromkeys(extra), DEFAULT_COLUMNS[-1]]
 
 
 def console_table(rows: dict[str, dict], first: str, columns: list[str] | str | None = None,
@@ -146,9 +156,7 @@ def render_markdown(report: dict) -> str:
     parts = [title, ""]
     explainer = report.get("explainer")
     if explainer and explainer["name"] != "native":
-        target = f", target: {explainer['target']}" if explainer.get("target") else ""
-        parts += [f"Maps: {explainer['name']} on `{explainer['target_layer']}`{target} ({explainer['library']} "
-                  f"{explainer['version']}).", ""]
+        parts += [f"Maps: {explainer_text(explainer, quote='`')}.", ""]
     parts += ["## Per dataset (macro mean over findings; counts summed)", "",
              markdown_table({name: d["mean"] for name, d in datasets.items()}, "dataset")]
     for name, d in datasets.items():
@@ -158,6 +166,49 @@ def render_markdown(report: dict) -> str:
             parts += ["", f"{len(d['problems'])} input problem(s) skipped or corrected:", ""]
             parts += [f"- {format_problem(p)} [{p['action']}]" for p in d["problems"]]
     return "\n".join(parts) + "\n"
+
+
+def explainer_text(explainer: dict, quote: str = "") -> str:
+    """Which explainer made the maps: name, target layer and target, library (``explainers.explainer_info``)."""
+    if explainer["name"] == "native":
+        return "native (the model's own maps)"
+    layer = f" on {quote}{explainer['target_layer']}{quote}" if explainer.get("target_layer") else ""
+    target = f", target: {explainer['target']}" if explainer.get("target") else ""
+    return f"{explainer['name']}{layer}{target} ({explainer['library']} {explainer['version']})"
+
+
+def gap_row(gap: dict | None) -> dict:
+    """A ``group_gap`` as a table row: the gap, which values (``high − low``), its interval and p; a tie says so."""
+    if gap is None:
+        return {"gap": None, "between": None, "interval": None, "p": None}
+    between = "tie" if gap["gap"] == 0 else f"{gap['high']} − {gap['low']}"
+    interval = f"[{gap['ci'][0]:.3f}, {gap['ci'][1]:.3f}]" if gap.get("ci") else None
+    return {"gap": gap["gap"], "between": between, "interval": interval, "p": gap.get("p")}
+
+
+def group_summary(name: str, by_group: dict, columns: list[str] | str | None) -> list[str]:
+    """Console lines of a dataset's ``by_group``: per group, the images per value, a table of each value's mean and
+    one of the gap of each shown key (with its bootstrap interval and p); one line for a group unknown for every
+    image (no table of nothing)."""
+    lines = []
+    for group, entry in by_group.items():
+        counts = entry["n_images"]
+        known = {value: n for value, n in counts.items() if value != UNKNOWN and n}
+        if not known:
+            lines += ["", f"{name} by {group}: unknown for all {counts.get(UNKNOWN, 0)} images (no {group} in the "
+                          f"dataset's metadata); no per-{group} table"]
+            continue
+        rows = {f"{value} ({n} images)": entry[value]["mean"] for value, n in known.items()}
+        lines += ["", f"{name} by {group} ({', '.join(f'{v}: {n}' for v, n in counts.items())} images):",
+                  console_table(rows, group, columns)]
+        gaps = {key: gap_row(entry["gap"][key]) for key in console_columns(next(iter(rows.values())), columns)
+                if entry["gap"].get(key)}
+        if gaps:
+            lines += [f"gap between the {group} values (largest − smallest mean, 95 % bootstrap interval, p):",
+                      console_table(gaps, "key", "all")]
+        else:
+            lines.append(f"no gap: only {', '.join(known)} has images")
+    return lines
 
 
 def problem_summary(report: dict, out: Path) -> list[str]:
@@ -249,14 +300,20 @@ def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str |
     every command ends with)."""
     out = write_report(report, out_dir)
     means = {n: d["mean"] for n, d in report["datasets"].items()}
+    columns = columns or default_columns(means)
+    if report.get("explainer"):
+        say(f"maps: {explainer_text(report['explainer'])}")
     print(console_table(means, "dataset", columns))
     every = len(next(iter(means.values())))
     shown = len(console_columns(next(iter(means.values())), columns))
     if shown < every:
-        print(f"({shown} of {every} columns; every column: {out / 'metrics.md'} and metrics.json; "
-              "choose with --columns all|KEY,...)")
+        say(f"({shown} of {every} columns; every column: {out / 'metrics.md'} and metrics.json; "
+            "choose with --columns all|KEY,...)")
+    for name, d in report["datasets"].items():
+        for line in group_summary(name, d.get("by_group") or {}, columns):
+            say(line)
     for line in problem_summary(report, out):
-        print(line)
+        say(line)
     return out
 
 

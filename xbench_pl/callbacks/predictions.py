@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from xbench_pl.console import note
 from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
                                    replay)
 from xbench_pl.registry import qualified_name
@@ -115,6 +116,10 @@ class PredictionWriter(Callback):
         self.pending = good[rank::world]  # each stored shard replayed by one rank: metrics sums are order-free
         trainer.strategy.barrier("prediction_store_read")
         if trainer.is_global_zero:
+            if self.resume:
+                taken, total = sum(map(len, done.values())), sum(len(c.test_set.records) for c in children.values())
+                note(f"--resume: {taken} of {total} images from the prediction store {self.store.root}, "
+                     f"{total - taken} to compute")
             if stored is None:
                 self.store.write_manifest(wanted)
             if bad:

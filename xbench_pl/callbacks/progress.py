@@ -73,14 +73,16 @@ class PlainProgressBar(ProgressBar):
 
 
 class ValidationSummary(Callback):
-    """After each validation epoch of ``fit``, one line per dataset with the mean of the ``columns``
-    (``report.console_columns``), wrapped to the terminal's width, on stdout (a result, like the final table)."""
+    """After each validation epoch of ``fit`` but the last planned (``max_epochs``: fit's closing table shows that
+    one), one line per dataset with the mean of the ``columns`` (``report.console_columns``), wrapped to the
+    terminal's width, on stdout (a result, like the closing table)."""
 
     def __init__(self, columns: list[str] | str | None = None):
         self.columns = columns
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero or not getattr(pl_module, "val_history", None):
+        if (trainer.sanity_checking or not trainer.is_global_zero or not getattr(pl_module, "val_history", None)
+                or trainer.current_epoch + 1 == trainer.max_epochs):
             return
         last = pl_module.val_history[-1]
         for name, row in last["mean"].items():

@@ -20,7 +20,7 @@ import time
 import warnings
 
 from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS
-from xbench_pl.console import is_rank_zero
+from xbench_pl.console import is_rank_zero, wrap
 
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
@@ -47,7 +47,7 @@ def quiet_lightning(short_warnings: bool = True) -> None:
     warnings.filterwarnings("ignore", message=r".*does not have many workers")
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")  # fit's frozen parts
     if short_warnings:
-        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
+        warnings.formatwarning = lambda message, category, *_, **__: wrap(f"warning: {message}") + "\n"
 
 
 def print_error(message: str) -> None:
@@ -77,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
+    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once
+        from xbench_pl.commands.early import trainer_problem
+
+        problem = trainer_problem(rest)
+        if problem:
+            print_error(problem)
+            return 2
     try:
         module = importlib.import_module(f"{__name__}.{COMMANDS[command]}")
         if not debug:  # after the import: importing Lightning sets its loggers' levels

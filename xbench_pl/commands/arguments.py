@@ -35,6 +35,11 @@ def command_help(usage: str, text: str, options: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def is_name(value: str) -> bool:
+    """A registered name (``--model NAME``), not a class path, a file or inline YAML."""
+    return not ("." in value or "/" in value or value.startswith("{"))
+
+
 def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     """The value of ``flag VALUE`` (or ``flag=VALUE``) in ``argv``, and ``argv`` without it; None where the flag has no
     value (absent, last, or followed by another option)."""

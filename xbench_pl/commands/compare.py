@@ -20,12 +20,8 @@ import json
 import math
 import sys
 
-import torch
-
 from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.data.errors import DataError
-from xbench_pl.metrics.benchmark import interval
-from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.commands.score import UsageProblem, open_store
 from xbench_pl.outputs import check_writable, write_results
 
@@ -42,6 +38,8 @@ OPTIONS = {
 
 def bootstrap_p_value(differences: torch.Tensor) -> float | None:
     """Two-sided bootstrap p-value of replicate differences ``[R]`` (NaN ignored; the module's formula)."""
+    import torch  # here, as in every function of this module: --help starts without torch
+
     d = differences[~torch.isnan(differences)]
     if d.numel() == 0:
         return None
@@ -50,6 +48,9 @@ def bootstrap_p_value(differences: torch.Tensor) -> float | None:
 
 
 def _difference(a: float | None, b: float | None, replicates: torch.Tensor, level: float) -> dict:
+    from xbench_pl.metrics.benchmark import interval
+    from xbench_pl.metrics.functional import percentile_interval
+
     diff = None if a is None or b is None else a - b
     return {"a": a, "b": b, "diff": diff, "ci": interval(percentile_interval(replicates, level)) if diff is not None else None,
             "p": bootstrap_p_value(replicates) if diff is not None else None}
@@ -60,6 +61,10 @@ def paired_bootstrap(metrics_a, metrics_b, resamples: int = 1000, seed: int = 0,
     ``resamples``, and per key ``mean`` and per finding ``classes`` ``{key: {a, b, diff, ci, p}}``
     (``diff`` = a - b of the table values; ``ci`` and ``p`` from the replicates' differences, the same
     draws for both). A ``ValueError`` when the two did not see the same images and pairs."""
+    import torch
+
+    from xbench_pl.metrics.functional import bootstrap_weights
+
     state_a, state_b = metrics_a.sample_state(), metrics_b.sample_state()
     if metrics_a.classes != metrics_b.classes:
         raise ValueError(f"the runs' findings differ: {metrics_a.classes} vs {metrics_b.classes}")
@@ -125,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{options['--bootstrap']!r} and {options['--seed']!r}", file=sys.stderr)
         return 2
     check_writable({"--out": options["--out"]})
+    import torch
+
     from xbench_pl.predictions import Store, StoreError, model_name, replay_store  # here: --help starts without Lightning
 
     try:

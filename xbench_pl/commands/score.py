@@ -15,8 +15,8 @@ settings (default: the run's). Every evaluated image must be in the store, and e
 read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
 the run with ``test ... --predictions DIR --resume``).
 
-``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``MAPS_HELP``), and
-``score --boxes FILE --data NAME ...`` boxes predicted elsewhere (``BOXES_HELP``).
+``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``score --maps DIR --help``), and
+``score --boxes FILE --data NAME ...`` boxes predicted elsewhere (``score --boxes FILE --help``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from jsonargparse.typing import ClosedUnitInterval, NonNegativeInt
 from xbench_pl.commands.arguments import PROG, command_help, datamodule_problems, take_option
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError
-from xbench_pl.geometry import Preprocess
-from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
 from xbench_pl.registry import qualified_name, read_config, resolve_class
-from xbench_pl.report import parse_columns, publish_scores
+
+# torch, albumentations and the metrics (xbench_pl.report, geometry, predictions) load only where a command runs: --help
+# and option errors start without them
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
 
@@ -109,15 +109,19 @@ SHARED_HELP = {
     "--chunk N": "images replayed per metric update at most (default: 64; fewer for large maps)",
     "--columns all|KEY,...": "the printed table's columns (default: the paper's and n_regions; metrics.md has all)",
 }
-METRIC_OPTIONS = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
+#: the metric settings a score run can change (``build_parser`` gives their types)
+METRIC_OPTIONS = ("normalize", "fixed_threshold", "score_threshold")
 
 
 def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
+    from xbench_pl.metrics.functional import NormalizeMode
+
+    kinds = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
     parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
     parser.set_defaults({f"data.{k}": v for k, v in data_defaults.items() if k != "preprocess"})
     parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
-    for name, kind in METRIC_OPTIONS.items():
+    for name, kind in kinds.items():
         parser.add_argument(f"--{name}", type=Optional[kind], default=metric_defaults.get(name),
                             help=f"metric setting (default: the run's, {metric_defaults.get(name)!r})")
     parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update at most (fewer for large maps)")
@@ -166,6 +170,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
 
 def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
     """``--columns all|KEY,...`` (the printed table's, ``report.parse_columns``) and the rest; UsageProblem if unknown."""
+    from xbench_pl.report import parse_columns
+
     text, rest = take_option(argv, "--columns")
     try:
         return parse_columns(text), rest
@@ -192,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
         return 2
+    if not Path(folder).is_dir():  # before torch loads
+        print(f"error: --predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)",
+              file=sys.stderr)
+        return 2
     from xbench_pl.predictions import StoreError, model_name, rescore
+    from xbench_pl.report import publish_scores
 
     try:
         columns, rest = take_columns(rest)
@@ -270,6 +281,7 @@ def publish_external(run: SimpleNamespace, started: float, key: str, datamodule,
     ``key`` names the input in the config (``maps``, ``boxes``), ``model_config`` adds to its model entry."""
     from xbench_pl.external_maps import grounding_only
     from xbench_pl.predictions import compute_tables
+    from xbench_pl.report import publish_scores
 
     results = compute_tables(replayer)
     for name, all_scored in scored.items():
@@ -298,6 +310,7 @@ def score_maps(argv: list[str]) -> int:
         print(f"error: --maps {folder}: not a folder", file=sys.stderr)
         return 2
     from xbench_pl.external_maps import index_maps, read_scores, score_dataset
+    from xbench_pl.geometry import Preprocess
 
     try:
         preprocess, preprocess_config = None, None

@@ -19,39 +19,41 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, take_option
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, is_name, take_option
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.console import is_rank_zero
+from xbench_pl.console import is_rank_zero, say
 from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
+from xbench_pl.options import ExplainerName
 from xbench_pl.outputs import check_writable, write_results
 from xbench_pl.registry import available, class_path, config_path, resolve_class
 from xbench_pl.report import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
 NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
-              "A model's options: --model.help NAME (a dataset's: --data.help NAME).")
+              "Explainers of the maps (--model.explainer NAME): {explainers}. A model's options, the explainers "
+              "it takes among them: --model.help NAME (a dataset's options: --data.help NAME).")
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``--ckpt_path`` values that Lightning resolves itself (not a file)
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
-#: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise)
-FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True}
-
-
-def is_name(value: str) -> bool:
-    """A registered name, not a class path, a file or inline YAML."""
-    return not ("." in value or "/" in value or value.startswith("{"))
+#: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
+#: trainable parameters are counted in the closing lines, not in Lightning's model summary
+FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
+#: options of ``fit`` alone, left out of the ``test`` command a fit prints for its checkpoint
+FIT_ONLY = ("--model.trainable", "--model.lr", "--model.weight_decay", "--data.val_fraction", "--data.split_seed",
+            "--data.fit_split")
 
 
 def resolve_names(argv: list[str]) -> list[str]:
@@ -83,6 +85,20 @@ def resolve_names(argv: list[str]) -> list[str]:
             out.append(arg)
         i += 1
     return out
+
+
+def command_to_test(argv: list[str], checkpoint: str) -> str:
+    """The ``test`` command of a ``fit`` run's checkpoint, ready to paste: fit's ``--model``/``--data``/``--config``
+    options as given (less ``FIT_ONLY``) and ``--ckpt_path``."""
+    kept, i = [], 0
+    while i < len(argv):
+        flag = argv[i].partition("=")[0]
+        with_value = "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        part = argv[i:i + 1 + with_value]
+        if flag.split(".")[0] in ("--model", "--data", "--config") and flag not in FIT_ONLY:
+            kept += part
+        i += len(part)
+    return f"{PROG} test {shlex.join([*kept, '--ckpt_path', checkpoint])}"
 
 
 def class_configs(value) -> list:
@@ -120,10 +136,22 @@ class XBenchArgumentParser(LightningArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"prog": PROG, **PARSER_KWARGS, **kwargs})
 
+    def add_class_arguments(self, theclass, nested_key=None, *args, **kwargs):
+        """A model's ``explainer`` option offers (and takes) only the explainers its class takes
+        (``ZeroShotModel.explainers``)."""
+        added = super().add_class_arguments(theclass, nested_key, *args, **kwargs)
+        if isinstance(theclass, type) and issubclass(theclass, ZeroShotModel):
+            accepted = theclass.explainers()
+            for action in self._actions:
+                if action.dest == f"{nested_key}.explainer" and accepted != get_args(action._typehint):
+                    action._typehint, action.metavar = Literal[accepted], "{" + ",".join(accepted) + "}"
+                    action.help = f"where the maps come from; {theclass.__name__} takes {' or '.join(accepted)} only"
+        return added
+
 
 class XBenchCLI(LightningCLI):
-    def __init__(self, *args, **kwargs):
-        self.started = time.time()
+    def __init__(self, *args, given: list[str] = (), **kwargs):
+        self.started, self.given = time.time(), list(given)  # given: the command line as typed (after the command)
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -255,11 +283,12 @@ class XBenchCLI(LightningCLI):
             print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
             print(console_table({name: table["mean"] for name, table in self.model.val_results.items()}, "dataset", self.columns))
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        print(f"\nfit on {record['images']['train']} images from {record['images']['source']}; "
-              f"trained {trained:,} parameters ({len(record['trained_parameters'])} tensors)")
-        print(f"wrote {out / 'fit.json'} and the split {record['split']}")
+        say(f"\nfit on {record['images']['train']} images from {record['images']['source']}; "
+            f"trained {trained:,} parameters ({len(record['trained_parameters'])} tensors)")
+        say(f"wrote {out / 'fit.json'} and the split {record['split']}")
         if path:
-            print(f"checkpoint: {path}\n  test it: {PROG} test --model ... --data ... --ckpt_path {path}")
+            say(f"checkpoint: {path}\ntest it:")
+            print(f"  {command_to_test(self.given, path)}")  # one line, to copy whole
         self.print_wandb_run()
 
     def settings(self) -> dict:
@@ -299,9 +328,9 @@ class XBenchCLI(LightningCLI):
         out = publish_report(report, settings["out"], self.columns)
         if report["random_weights"]:
             fitted = " fitted from" if settings.get("ckpt_path") else ""
-            print(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "
-                  "smoke-test the set-up; the report says so (random_weights: true)")
-        print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
+            say(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "
+                "smoke-test the set-up; the report says so (random_weights: true)")
+        say(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
         self.print_wandb_run()
 
     def print_wandb_run(self) -> None:
@@ -309,7 +338,7 @@ class XBenchCLI(LightningCLI):
 
         where = wandb_summary(self.trainer)
         if where:
-            print(where)
+            say(where)
 
 
 def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
@@ -340,8 +369,10 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
         parser_class=XBenchArgumentParser,
         parser_kwargs={"description": SUMMARIES[command],
                        **{c: {"description": SUMMARIES[c], "epilog": NAMES_HELP.format(
-                           models=", ".join(available("models")), data=", ".join(available("data")))}
+                           models=", ".join(available("models")), data=", ".join(available("data")),
+                           explainers=", ".join(get_args(ExplainerName)))}
                           for c in TRAINER_COMMANDS}},
         auto_configure_optimizers=False,
+        given=argv,
     )
     return 0

@@ -19,6 +19,7 @@ import inspect
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import get_args
 
 import lightning as L
 import torch
@@ -142,7 +143,7 @@ class ZeroShotModel(L.LightningModule):
 
         # a replay (predictions.metric_settings) passes back the parsed tuple
         self.groups = parse_groups(groups if isinstance(groups, str) else ",".join(groups)) if groups else ()
-        if explainer != "native" and self.IMAGE_TOWER is None:
+        if explainer not in self.explainers():
             raise ValueError(f"{type(self).__name__} has no network to explain: it takes explainer 'native' only, got {explainer!r}")
         if explainer_layer is not None and explainer == "native":
             raise ValueError(f"explainer_layer {explainer_layer!r} needs an explainer (e.g. explainer='gradcam'); native maps have no layer")
@@ -182,6 +183,12 @@ class ZeroShotModel(L.LightningModule):
         raise NotImplementedError
 
     # -- explainers --------------------------------------------------------------------------
+    @classmethod
+    def explainers(cls) -> tuple[str, ...]:
+        """The ``explainer`` values the class takes (what ``--model.help`` lists): ``native`` alone without an
+        ``IMAGE_TOWER``, a network to explain."""
+        return get_args(ExplainerName) if cls.IMAGE_TOWER is not None else ("native",)
+
     def attach_explainer(self) -> None:
         """Build the ``explainer`` (each family calls this once its modules are built): a layer the model lacks,
         or a method its architecture has nothing for, fails here, before any data is read."""

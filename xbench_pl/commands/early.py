@@ -1,0 +1,106 @@
+"""What ``test`` and ``fit`` check of their command line before Lightning, torch and the model's code load
+(seconds, more on a busy machine): a ``--model``/``--data`` name that is not registered, a ``--data.root`` that
+is no folder, an ``--out`` that cannot be written, and a number outside its option's range (``--data.batch_size
+0``) end the command at once, in the words of LightningCLI's own checks. The number types are read from the
+classes' signatures in their source (``init_types``), not imported; LightningCLI checks everything again (and
+the rest: choices, paths, files) once the classes are loaded."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import yaml
+from jsonargparse import typing as restricted
+
+from xbench_pl.commands.arguments import is_name, take_option
+from xbench_pl.outputs import OutputError, check_writable
+from xbench_pl.registry import UnknownName, config_path
+
+#: where these checks keep out: help and config printing write nothing, whatever ``--out`` says
+HELP_FLAGS = ("-h", "--help", "--print_config")
+#: the number types of init args checked here: jsonargparse's restricted ones, by the name signatures use
+NUMBER_TYPES = {"int": int, "float": float, **{name: getattr(restricted, name) for name in (
+    "PositiveInt", "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "ClosedUnitInterval", "OpenUnitInterval")}}
+
+
+def init_types(class_path: str) -> dict[str, str]:
+    """Each ``__init__`` argument of ``class_path`` and its annotation's text, the class's own first, then its bases'
+    (as ``**kwargs`` passes them on), read from the modules' source (``ast``): nothing is imported but the packages."""
+    module, _, name = class_path.rpartition(".")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return {}
+    tree = ast.parse(Path(spec.origin).read_text())
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in tree.body
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 for alias in node.names}
+    if name not in classes:
+        return init_types(imported[name]) if name in imported else {}
+    types: dict[str, str] = {}
+    for node in classes[name].body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            arguments = node.args.args + node.args.kwonlyargs
+            types = {a.arg: ast.unparse(a.annotation) for a in arguments if a.annotation is not None}
+    for base in classes[name].bases:
+        if isinstance(base, ast.Name):
+            inherited = init_types(f"{module}.{base.id}" if base.id in classes else imported.get(base.id, ""))
+            types = {**inherited, **types}
+    return types
+
+
+def number_problem(option: str, annotation: str, text: str) -> str | None:
+    """The line for ``option``'s value ``text`` outside its number type (``annotation``), or None (fine, or not a
+    number type: LightningCLI judges it)."""
+    kind = NUMBER_TYPES.get(re.sub(r"\s*\|\s*None$|^Optional\[(.*)\]$", r"\1", annotation).strip())
+    if kind is None:
+        return None
+    try:
+        value = yaml.safe_load(text)  # as jsonargparse reads a value
+    except yaml.YAMLError:
+        value = text
+    if value is None and annotation != kind.__name__:  # null, where the type is optional
+        return None
+    expected = "an int" if issubclass(kind, int) else "a float"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (issubclass(kind, int) and isinstance(value, float)):
+        return f"{option}: expected {expected}, got {text!r}"
+    try:
+        kind(value)
+    except ValueError as error:
+        restriction = re.search(r"does not conform to restriction (.+)$", str(error))
+        if restriction:
+            bounds = re.sub(r"v([<>=!]+)", r"\1 ", restriction.group(1))  # "v>=0 and v<=1": ">= 0 and <= 1"
+            return f"{option}: must be {bounds}, got {value}"
+    return None
+
+
+def trainer_problem(argv: list[str]) -> str | None:
+    """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None."""
+    paths = {}
+    for flag, kind in (("--model", "models"), ("--data", "data"), ("--model.help", "models"), ("--data.help", "data")):
+        value = take_option(argv, flag)[0]
+        if value and is_name(value):
+            try:
+                paths[flag] = config_path(kind, value)
+            except UnknownName as error:
+                return str(error)
+    if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
+        return None
+    root = take_option(argv, "--data.root")[0]
+    if root and not Path(root).is_dir():
+        return f"--data.root: {root}: no such folder (give the dataset's folder as it unpacks from its source)"
+    for flag, path in paths.items():
+        types = init_types(yaml.safe_load(path.read_text())["class_path"])
+        for key, annotation in types.items():
+            text = take_option(argv, f"{flag}.{key}")[0]
+            problem = number_problem(f"{flag}.{key}", annotation, text) if text is not None else None
+            if problem:
+                return problem
+    out = take_option(argv, "--out")[0]
+    try:
+        check_writable({"--out": out} if out else {})
+    except OutputError as error:
+        return str(error)
+    return None
