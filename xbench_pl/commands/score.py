@@ -40,7 +40,7 @@ from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
 from xbench_pl.registry import qualified_name, read_config, resolve_class
-from xbench_pl.report import parse_columns, publish_scores
+from xbench_pl.run_files import parse_columns, publish_scores
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
 
@@ -165,7 +165,7 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
 
 
 def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
-    """``--columns all|KEY,...`` (the printed table's, ``report.parse_columns``) and the rest; UsageProblem if unknown."""
+    """``--columns all|KEY,...`` (the printed table's, ``run_files.parse_columns``) and the rest; UsageProblem if unknown."""
     text, rest = take_option(argv, "--columns")
     try:
         return parse_columns(text), rest

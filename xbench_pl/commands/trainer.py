@@ -37,7 +37,7 @@ from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.outputs import check_writable, write_results
 from xbench_pl.registry import available, class_path, config_path, resolve_class
-from xbench_pl.report import build_report, console_table, parse_columns, provenance, publish_report
+from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
 NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "

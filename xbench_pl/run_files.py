@@ -261,7 +261,7 @@ def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str |
 
 
 def score_host() -> SimpleNamespace:
-    """What ``report.provenance`` reads of a trainer, for a run without one (one CPU process)."""
+    """What ``provenance`` reads of a trainer, for a run without one (one CPU process)."""
     from lightning.pytorch.accelerators import CPUAccelerator
 
     return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
@@ -269,7 +269,7 @@ def score_host() -> SimpleNamespace:
 
 
 def publish_scores(out: str, started: float, scored_from: str, columns: list[str] | str | None = None, **report) -> Path:
-    """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
+    """Write and print the report (``build_report`` arguments) of a run scored without a model:
     one CPU process, ``scored_from`` the store or maps folder; ``columns`` as ``publish_report``'s."""
     report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
     return publish_report(report, out, columns)
