@@ -40,7 +40,7 @@ from xbench_pl.console import width
 from xbench_pl.data.errors import Problem
 from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
-from xbench_pl.outputs import REPLICATES_FILE, split_replicates, write_results
+from xbench_pl.outputs import REPLICATES_FILE, OutputFolder, split_replicates, write_results
 
 #: the console table's columns unless ``--columns`` says otherwise: the README's (the paper's) eight keys and
 #: the grounding denominator; ``metrics.md`` and ``metrics.json`` keep every column
@@ -235,8 +235,9 @@ def build_report(model: str, results: dict[str, dict], problems: dict[str, list]
     return report
 
 
-def write_report(report: dict, out_dir: str | Path) -> Path:
-    """``metrics.json`` and ``metrics.md``, and the bootstrap replicates apart in ``REPLICATES_FILE`` (where kept)."""
+def write_report(report: dict, out_dir: str | Path | OutputFolder) -> Path:
+    """``metrics.json`` and ``metrics.md``, and the bootstrap replicates apart in ``REPLICATES_FILE`` (where kept),
+    into ``out_dir`` (``write_results``); the folder they are in."""
     readable, replicates = split_replicates(report)
     files = {"metrics.json": json.dumps(readable, indent=2) + "\n", "metrics.md": render_markdown(readable)}
     if replicates:
@@ -244,7 +245,7 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     return write_results(out_dir, files)
 
 
-def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str | None = None) -> Path:
+def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: list[str] | str | None = None) -> Path:
     """``write_report``, then print the per-dataset table (``console_table``) and ``problem_summary`` (what
     every command ends with)."""
     out = write_report(report, out_dir)

@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from xbench_pl.outputs import OutputError, write_failure
 from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
                                    replay)
 from xbench_pl.registry import qualified_name
@@ -185,7 +186,11 @@ class PredictionWriter(Callback):
             **{k: torch.cat([part[k] for part in parts]) for k in ("scores", "saliency", "affine", "original_size", "labels")},
         }
         name = f"{_safe(dataset)}-rank{trainer.global_rank}-{self.token}-{self.written:05d}"
-        self.store.write_shard(name, shard)
+        try:
+            self.store.write_shard(name, shard)
+        except OSError as error:  # disk full: the shards written so far stay whole, and --resume goes on from them
+            raise OutputError(f"--predictions {self.store}: {write_failure(error, self.store.shards_dir)}; make room, "
+                              f"then continue with --predictions {self.store} --resume") from error
         self.written += 1
 
     def flush_all(self, trainer) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.outputs import check_writable, read_metrics, replicate_keys
+from xbench_pl.outputs import atomic_write, check_writable, figure_png, read_metrics, replicate_keys, write_whole
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 
 TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -622,7 +622,7 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     ax.grid(alpha=0.3)
     if points:  # below the axes: over them it would hide points
         fig.legend(fontsize=7, loc="outside lower center", ncols=columns, markerscale=0.8)
-    fig.savefig(path)
+    atomic_write(path, figure_png(fig))
     return fig, {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
 
 
@@ -652,7 +652,7 @@ def figure_dice_gap(runs: list[Run], path: Path):
     ax.set_title("Calibration gap: Dice at the fixed threshold vs at the best one", fontsize=9)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     ax.grid(alpha=0.3, axis="x")
-    fig.savefig(path)
+    atomic_write(path, figure_png(fig))
     return fig
 
 
@@ -695,7 +695,7 @@ def figure_explainers(grid: dict, path: Path, metric: str = "pointing_game"):
     fig.suptitle(f"Is it the model or the map? {LONG[metric]} per model and explainer", fontsize=9)
     handles = [Patch(color=colours(j), label=explainer) for j, explainer in enumerate(explainers)]
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=min(5, len(explainers)))
-    fig.savefig(path)
+    atomic_write(path, figure_png(fig))
     return fig
 
 
@@ -834,7 +834,7 @@ def build(runs: list[Run], out: Path) -> dict:
         md += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
         doc.append(_figure_html(figures / name, caption))
     stats = correlation_stats(auroc_pg_points(runs))
-    (out / "report.json").write_text(json.dumps({"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model,
+    atomic_write(out / "report.json", json.dumps({"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model,
                                                            "explainer": r.explainer} for r in runs],
                                                  "auroc_vs_pointing_game": stats,
                                                  **({"model_x_explainer": grid} if grid is not None else {}),
@@ -870,10 +870,10 @@ def build(runs: list[Run], out: Path) -> dict:
                 md.append(f"![{caption}]({Path(os.path.relpath(path, out)).as_posix()})")
                 doc.append(_figure_html(path, caption))
             doc.append("</div>")
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    atomic_write(out / "report.md", "\n".join(md) + "\n")
     page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>XBench report</title>'
             f"<style>{STYLE}</style><script>{CHECK_IMAGES}</script></head><body>{''.join(doc)}</body></html>\n")
-    (out / "report.html").write_text(page)
+    atomic_write(out / "report.html", page)
     return fit
 
 
@@ -894,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     check_writable({"--out": args.out})
     out = Path(args.out)
-    fit = build(runs, out)
+    fit = write_whole(out, lambda folder: build(runs, folder))
     r2 = r2_text(fit["r2"])
     print(f"{len(runs)} run(s); AUROC vs Pointing Game: {fit['points']} points, R² = {r2}")
     print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'report.json'}")
