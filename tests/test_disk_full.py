@@ -124,3 +124,19 @@ def test_a_run_that_finds_the_disk_full_at_any_write(tmp_path, monkeypatch):
         result = (in_process("report", str(whole), "--out", str(out)) if command == "report" else
                   in_process("export", "--predictions", str(tmp_path / "store"), "--to", "npy", "--out", str(out)))
         check_run(out, tmp, result.returncode, result.stderr, complete, 2, ("report.md", "report.html"))
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_prediction_store_on_a_full_disk_is_one_line_and_resumable(tmp_path, monkeypatch, at):
+    """The manifest (the 1st write) or a shard (the 2nd): one line naming --predictions and --resume, exit 2."""
+    store = tmp_path / "store"
+    monkeypatch.setattr(os, "write", FullDisk(store, at))
+    result = in_process("test", "--model", "center", "--data", "demo", "--model.bootstrap", "0", "--predictions", str(store),
+                        "--data.batch_size", "4", "--predictions_shard_images", "4", "--out", str(tmp_path / "out"),
+                        "--trainer.enable_progress_bar", "false")
+    failed = store / ("manifest.json" if at == 1 else "shards")
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("warning:")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: --predictions {store}: cannot write {failed}")
+    assert lines[0].endswith(f": no space left on device; make room, then continue with --predictions {store} --resume")
+    assert not any(p.name.endswith(".tmp") for p in store.rglob("*"))
