@@ -188,9 +188,8 @@ def score_dataset(child: XBenchDataModule, maps: Path, files: list[tuple[str, st
             continue
         kept.append(record)
     if not kept:
-        first = f"; first: {child.problems[0]}" if child.problems else ""
-        raise DataError(maps, f"no image of {child.name} has a map for every finding "
-                        f"({len(files)} map file(s) found{first}; the layout: score --maps DIR --help)")
+        why = f"no image of {child.name} has a map for every finding (first: {child.problems[0]})" if files else "no map file"
+        raise DataError(maps, f"{why}; the layout: score --maps DIR --help")
     dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
     all_scored = True
     progress = ProgressLines(f"{child.name} maps", len(kept), "images", after=QUIET_SECONDS)
