@@ -28,7 +28,8 @@ class FullDisk:
         path = Path(os.readlink(f"/proc/self/fd/{fd}"))
         if self.under in path.parents:
             self.count += 1
-            self.names.append(re.sub(r"^\.(.+)\.\d+-[0-9a-f]{8}\.tmp$", r"\1", path.name))  # the temporary's file
+            file = path.with_name(re.sub(r"^\.(.+)\.\d+-[0-9a-f]{8}\.tmp$", r"\1", path.name))  # the temporary's
+            self.names.append(file.relative_to(self.under).as_posix())
             if self.at is not None and self.count >= self.at:
                 self.real(fd, bytes(data)[: len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device")
