@@ -31,7 +31,8 @@ import torch
 from xbench_pl import create_datamodule, create_model
 from xbench_pl.data.base import Record, XBenchDataset
 from xbench_pl.data.regions import Box
-from xbench_pl.predictions import LEGACY_MAGIC, Replayer, atomic_write, encode_shard, replay
+from xbench_pl.outputs import atomic_write
+from xbench_pl.predictions import LEGACY_MAGIC, Replayer, encode_shard, replay
 
 FINDINGS = [f"finding_{i}" for i in range(10)]
 

@@ -15,7 +15,7 @@ from xbench_pl.console import ProgressLines
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.metrics import kernels
 from xbench_pl.metrics.benchmark import metric_keys
-from xbench_pl.report import DEFAULT_COLUMNS, column_names, console_columns, console_table, parse_columns
+from xbench_pl.run_files import DEFAULT_COLUMNS, column_names, console_columns, console_table, parse_columns
 
 ANSI = re.compile(r"\x1b\[")
 PROGRESS = re.compile(r"^test demo: (\d+)/(\d+) batches \(\d+ %\), \d+:\d\d:\d\d elapsed", re.M)

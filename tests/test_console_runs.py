@@ -15,7 +15,7 @@ from test_console import full_row
 
 from xbench_pl.callbacks.progress import ValidationSummary
 from xbench_pl.commands.trainer import command_to_test
-from xbench_pl.report import DEFAULT_COLUMNS, default_columns, group_summary, publish_report
+from xbench_pl.run_files import DEFAULT_COLUMNS, default_columns, group_summary, publish_report
 
 CENTER = ["--model", "center", "--data", "demo", "--trainer.enable_progress_bar", "false"]
 

@@ -203,7 +203,7 @@ def test_explainer_info_records_name_layer_target_and_library():
 @pytest.mark.parametrize("kwargs, message", [
     ({"explainer": "gradcam", "explainer_layer": "image.nowhere"}, "explainer_layer 'image.nowhere' is not a module of TinyViTModel"),
     ({"explainer_layer": "image"}, "explainer_layer 'image' needs an explainer"),
-    ({"explainer": "rollout", "explainer_layer": "image"}, "explainer rollout follows every attention layer"),
+    ({"explainer": "rollout", "explainer_layer": "image"}, "explainer_layer 'image': a layer is for the CAMs only; rollout follows"),
 ])
 def test_bad_explainer_settings_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -211,5 +211,5 @@ def test_bad_explainer_settings_are_one_line(kwargs, message):
 
 
 def test_a_baseline_refuses_an_explainer():
-    with pytest.raises(ValueError, match="UniformBaseline has no network to explain: it takes explainer 'native' only"):
+    with pytest.raises(ValueError, match="explainer 'gradcam': UniformBaseline has no network to explain; it takes 'native' only"):
         xbench_pl.create_model("uniform", explainer="gradcam")

@@ -124,5 +124,5 @@ def test_export_refuses_a_used_folder_a_bad_option_and_a_damaged_store(half_stor
     (damaged / "manifest.json").write_text((store / "manifest.json").read_text())
     first = sorted((store / "shards").iterdir())[0]
     (damaged / "shards" / first.name).write_bytes(first.read_bytes()[:-9])
-    assert main(["export", "--predictions", str(damaged), "--to", "npy", "--out", str(tmp_path / "b")]) == 1
+    assert main(["export", "--predictions", str(damaged), "--to", "npy", "--out", str(tmp_path / "b")]) == 2
     assert "--resume" in capsys.readouterr().err

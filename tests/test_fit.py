@@ -326,7 +326,7 @@ def test_a_fit_checkpoint_given_as_model_weights_says_which_option_takes_it(clip
     assert main(["test", "--model", "open_clip", "--model.architecture", clip_config, "--model.checkpoint", str(saved),
                  "--data", "demo", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"error: --model: {saved} is a `fit` checkpoint of xbench_pl.models.open_clip_model.OpenCLIPModel (its trained "
+        f"error: --model.checkpoint: {saved} is a `fit` checkpoint of xbench_pl.models.open_clip_model.OpenCLIPModel (its trained "
         "tensors only): pass it as --ckpt_path, with the --model options fit had\n")
 
 

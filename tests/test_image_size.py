@@ -34,4 +34,4 @@ def test_kad_takes_the_variant_of_the_size(tmp_path):
 def test_cli_refusal_is_one_line(tmp_path):
     result = in_process("test", "--model", "medklip", "--model.image_size", "448", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: --model: MedKLIP cannot run at image_size=448: it exists at [224] px only")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --model.image_size: MedKLIP cannot run at image_size=448: it exists at [224] px only")

@@ -1,5 +1,5 @@
 """Output folders: every command checks where it will write before any model or data is loaded, and a
-run whose results cannot be written at the end saves them to a fallback file that the error names."""
+run whose results cannot be written at the end saves them to a fallback folder that the error names."""
 
 from __future__ import annotations
 
@@ -94,28 +94,30 @@ def test_wandb_writes_under_wandb_dir_when_set(tmp_path, a_file, capsys, monkeyp
                               f"{a_file} is a file, not a folder; choose another folder\n")
 
 
-def test_results_that_cannot_be_written_go_to_a_fallback_file(tmp_path, capsys, monkeypatch):
+def test_results_that_cannot_be_written_go_to_a_fallback_folder(tmp_path, capsys, monkeypatch):
     argv = ["test", "--model", "center", "--model.bootstrap", "0", "--data", "demo", "--trainer.accelerator", "cpu",
             "--trainer.enable_progress_bar", "false"]
     assert main([*argv, "--out", str(tmp_path / "written")]) == 0
     capsys.readouterr()
     out = tmp_path / "full_disk"
-    write_text = Path.write_text
+    write = os.write
 
-    def disk_full(self, text, *args, **kwargs):  # the disk fills up after the run, when the results are written
-        if self.parent == out:
-            raise OSError(errno.ENOSPC, "No space left on device", str(self))
-        return write_text(self, text, *args, **kwargs)
+    def disk_full(fd, data):  # the disk fills up after the run, when the results are written
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).parent == out:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
 
-    monkeypatch.setattr(Path, "write_text", disk_full)
+    monkeypatch.setattr(os, "write", disk_full)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the fallback's folder
     code, err = run(capsys, *argv, "--out", str(out))
-    fallback = next(tmp_path.glob("xbench-metrics-*.json"))
+    fallback = next(tmp_path.glob("xbench-full_disk-*"))
     assert (code, err) == (2, f"error: cannot write {out / 'metrics.json'}: no space left on device; "
-                              f"the results are saved in {fallback}\n")
-    saved, written = (json.loads(p.read_text()) for p in (fallback, tmp_path / "written" / "metrics.json"))
+                              f"every output of this run is saved in {fallback}\n")
+    saved, written = (json.loads((p / "metrics.json").read_text()) for p in (fallback, tmp_path / "written"))
     assert saved.pop("provenance") and written.pop("provenance")  # start and wall times differ
     assert saved == written and saved["datasets"]["demo"]["mean"]["pointing_game"] is not None
+    assert (fallback / "metrics.md").read_text() == (tmp_path / "written" / "metrics.md").read_text()
+    assert list(out.iterdir()) == []  # nor half a file
 
 
 def test_the_guard_sees_a_file_written_into_the_tree():

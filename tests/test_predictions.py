@@ -187,7 +187,7 @@ def test_a_damaged_shard_is_never_trusted_and_its_images_are_redone(reference, t
     data[len(data) // 2] ^= 0xFF  # altered
     shards[2].write_bytes(bytes(data))
     scored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "score"))
-    assert scored.returncode == 1 and shards[1].name in scored.stderr and "--resume" in scored.stderr
+    assert scored.returncode == 2 and shards[1].name in scored.stderr and "--resume" in scored.stderr
     log = tmp_path / "computed.txt"
     resumed = run_test(tmp_path / "resumed", "--predictions", str(store), "--predictions_dtype", "float32",
                        "--predictions_shard_images", "3", "--resume", "true", XBENCH_TEST_LOG=str(log))

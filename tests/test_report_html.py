@@ -227,8 +227,8 @@ def test_scatter_markers_are_not_cut_and_stacked_points_show(report, tmp_path):
     assert len(sizes) == len(auroc_pg_points(runs)) - 1 and max(sizes) == 2 * min(sizes)  # ... whose area counts them
 
 
-def test_reliability_histogram_says_what_it_counts(tmp_path):
+def test_reliability_histogram_says_what_it_counts():
     bins = {"count": [3, 0, 5, 2], "confidence": [0.1, None, 0.6, 0.9], "accuracy": [0.0, None, 0.4, 1.0]}
-    figure = plot_reliability(tmp_path / "r.png", "m | d | all findings pooled", [0, 0.25, 0.5, 0.75, 1], bins, 0.1,
+    figure = plot_reliability("m | d | all findings pooled", [0, 0.25, 0.5, 0.75, 1], bins, 0.1,
                               counted="(image, finding)\npairs")
     assert figure.axes[1].get_ylabel() == "(image, finding)\npairs\nper bin"

@@ -14,7 +14,7 @@ from xbench_pl.metrics.benchmark import BenchmarkMetrics
 from xbench_pl.metrics.functional import bootstrap_weights
 from xbench_pl.metrics.resampling import image_key
 from xbench_pl.outputs import read_metrics
-from xbench_pl.report import write_report
+from xbench_pl.run_files import write_report
 
 CLASSES = ["Nodule", "Mass"]
 KEYS = ("pointing_game", "dice@0.5", "iou@0.5")

@@ -150,7 +150,7 @@ def test_a_bad_row_is_one_line_naming_file_and_row(truth, tmp_path, capsys, cell
     path = bad_file(truth, tmp_path, [cells])
     code, _, err = score(capsys, path, tmp_path / "out", *SMALL)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 1 and len(errors) == 1 and errors[0].startswith(f"error: {path}, row {len(truth) + 2}: ")
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {path}, row {len(truth) + 2}: ")
     assert says in errors[0]
 
 
@@ -165,7 +165,7 @@ def test_a_bad_json_line_is_named(truth, tmp_path, capsys, text, says):
     path = write_jsonl(tmp_path / "bad.jsonl", truth)
     path.write_text(path.read_text() + "\n" + text)  # a blank line, then the bad one
     code, _, err = score(capsys, path, tmp_path / "out", *SMALL)
-    assert code == 1 and err.strip().splitlines()[-1].startswith(f"error: {path}, row {len(truth) + 2}: ")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"error: {path}, row {len(truth) + 2}: ")
     assert says in err
 
 
@@ -185,9 +185,9 @@ def test_a_file_without_a_box_column_or_of_another_kind_is_refused(truth, tmp_pa
     path = tmp_path / "boxes.csv"
     path.write_text("image_id,finding,x_min,y_min,x_max\nphantom_000.png,Nodule,1,1,2\n")
     code, _, err = score(capsys, path, tmp_path / "out", "--data.on_error", "skip")
-    assert code == 1 and f"error: {path}, row 1: no column y_max" in err
+    assert code == 2 and f"error: {path}, row 1: no column y_max" in err
     other = write_csv(tmp_path / "boxes.txt", truth)
-    assert score(capsys, other, tmp_path / "out")[0] == 1
+    assert score(capsys, other, tmp_path / "out")[0] == 2
     assert score(capsys, tmp_path / "absent.csv", tmp_path / "out")[0] == 2
     assert main(["score", "--boxes", str(path)]) == 2  # no --data
     marked = tmp_path / "excel.csv"  # a spreadsheet's byte-order mark is not part of the first column's name

@@ -80,7 +80,7 @@ def test_a_map_with_nan_is_named(real_cxr, tmp_path, capsys):
     array = np.load(bad)
     array[1, 1] = np.nan
     np.save(bad, array)
-    assert run(folder, real_cxr / "chexlocalize", tmp_path / "out") == 1
+    assert run(folder, real_cxr / "chexlocalize", tmp_path / "out") == 2
     assert str(bad) in capsys.readouterr().err
     assert score(["--maps", str(folder)]) == 2  # no --data
 

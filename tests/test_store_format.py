@@ -168,8 +168,8 @@ def test_upgrade_sets_a_damaged_shard_aside_and_can_be_repeated(tmp_path, capsys
     assert [p.name for p in store.shard_paths()] == ["a.safetensors", "c.safetensors"]
     assert [p.name for p in (store.root / "corrupt").iterdir()] == ["b.xbp"]
     assert decode_shard((store.shards_dir / "a.safetensors").read_bytes())["image_ids"] == ["a", "b"]
-    assert main(["store", "upgrade", str(tmp_path / "nothing")]) == 1
-    assert "no prediction store" in capsys.readouterr().err
+    assert main(["store", "upgrade", str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
     assert main(["store", "convert", str(store)]) == 2
 
 
@@ -179,6 +179,6 @@ def test_upgrade_that_cannot_write_is_one_error_line(tmp_path, capsys):
     store.shards_dir.mkdir()
     (store.shards_dir / "a.xbp").write_bytes(legacy_bytes(shard_of()))
     (store.shards_dir / "a.safetensors").mkdir()  # the converted shard's name is taken by a folder: the write fails
-    assert main(["store", "upgrade", str(store)]) == 1
+    assert main(["store", "upgrade", str(store)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {store}: cannot write a converted shard")

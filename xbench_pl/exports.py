@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import json
+import io
 import pickle
 from itertools import chain
 from pathlib import Path, PurePosixPath
@@ -48,6 +49,7 @@ import torch
 from xbench_pl.data.vocabulary import native_name
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics.chexlocalize import spans_image
+from xbench_pl.outputs import atomic_write, file_bytes
 from xbench_pl.predictions import BadShard, Store, StoreError
 
 FORMATS = ("npy", "cheXlocalize")
@@ -139,24 +141,25 @@ def export_npy(store: Store, shards: list[tuple[dict, list[int]]], out: Path) ->
     config = infer_preprocess(shards)
     out.mkdir(parents=True, exist_ok=True)
     images = 0
-    with open(out / "scores.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["image_id", "finding", "score"])
-        for shard, rows in with_maps(shards, store):
-            classes = list(shard["classes"])
-            if any("/" in c or c in ("", ".", "..") for c in classes):
-                raise StoreError(f"a finding name of {classes} cannot name a file: not exportable")
-            saliency = shard["saliency"]
-            saliency = saliency.float() if saliency.dtype == torch.bfloat16 else saliency
-            for r in rows:
-                image_id = shard["image_ids"][r]
-                folder = out / _folder_name(image_id, "image id")
-                folder.mkdir(parents=True, exist_ok=True)
-                for c, finding in enumerate(classes):
-                    np.save(folder / f"{finding}.npy", saliency[r, c].numpy())
-                    writer.writerow([image_id, finding, repr(float(shard["scores"][r, c]))])
-                images += 1
-    (out / "preprocess.json").write_text(json.dumps(config) + "\n")
+    scores = io.StringIO()
+    writer = csv.writer(scores)
+    writer.writerow(["image_id", "finding", "score"])
+    for shard, rows in with_maps(shards, store):
+        classes = list(shard["classes"])
+        if any("/" in c or c in ("", ".", "..") for c in classes):
+            raise StoreError(f"a finding name of {classes} cannot name a file: not exportable")
+        saliency = shard["saliency"]
+        saliency = saliency.float() if saliency.dtype == torch.bfloat16 else saliency
+        for r in rows:
+            image_id = shard["image_ids"][r]
+            folder = out / _folder_name(image_id, "image id")
+            folder.mkdir(parents=True, exist_ok=True)
+            for c, finding in enumerate(classes):
+                atomic_write(folder / f"{finding}.npy", file_bytes(lambda f: np.save(f, saliency[r, c].numpy())))
+                writer.writerow([image_id, finding, repr(float(shard["scores"][r, c]))])
+            images += 1
+    atomic_write(out / "scores.csv", scores.getvalue())
+    atomic_write(out / "preprocess.json", json.dumps(config) + "\n")
     return images
 
 
@@ -189,8 +192,7 @@ def export_chexlocalize(store: Store, shards: list[tuple[dict, list[int]]], out:
                 for k, task in enumerate(tasks):
                     info = {"map": maps[b, k][None, None].clone(), "prob": float(shard["scores"][r, k]), "task": task,
                             "gt": int(shard["labels"][r, k]), "cxr_dims": (int(width), int(height))}
-                    with open(out / f"{image_id}_{task}_map.pkl", "wb") as handle:
-                        pickle.dump(info, handle, protocol=pickle.HIGHEST_PROTOCOL)
+                    atomic_write(out / f"{image_id}_{task}_map.pkl", pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL))
                 images += 1
     return images
 

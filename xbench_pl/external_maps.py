@@ -158,9 +158,10 @@ def read_scores(path: Path) -> dict[tuple[str, str], float]:
     return scores
 
 
-def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], scores: dict, preprocess: Preprocess | None,
-                  replayer: Replayer, chunk: int) -> tuple[int, bool]:
-    """Feed one dataset's maps into ``replayer``: returns (images scored, whether every pair had a score)."""
+def score_dataset(child: XBenchDataModule, maps: Path, files: list[tuple[str, str, Path]], scores: dict,
+                  preprocess: Preprocess | None, replayer: Replayer, chunk: int) -> tuple[int, bool]:
+    """Feed one dataset's maps (``files``, found in the folder ``maps``) into ``replayer``: returns (images scored,
+    whether every pair had a score)."""
     classes = list(child.classes)
     records = child.prepare_records()
     wanted = {r.image_id for r in records}
@@ -187,8 +188,8 @@ def score_dataset(child: XBenchDataModule, files: list[tuple[str, str, Path]], s
             continue
         kept.append(record)
     if not kept:
-        raise DataError(child.root or child.name, f"{child.name}: no image has a map for every finding "
-                        f"({len(child.problems)} problem(s))")
+        why = f"no image of {child.name} has a map for every finding (first: {child.problems[0]})" if files else "no map file"
+        raise DataError(maps, f"{why}; the layout: score --maps DIR --help")
     dataset = XBenchDataset(child.name, kept, classes, None, child.eval_size)
     all_scored = True
     progress = ProgressLines(f"{child.name} maps", len(kept), "images", after=QUIET_SECONDS)

@@ -1,20 +1,28 @@
-"""Where a run writes: every output folder is checked before any work, and results are never lost.
+"""Where a run writes: every output folder is checked before any work, every file is written whole, and
+results are never lost.
 
 ``check_writable`` probes each folder a command will write (``--out``, ``--predictions``, the W&B
 directory, callback folders) by creating and removing a file in it, before any model or data is
 loaded: a folder that cannot be written ends the command within seconds, not after the benchmark.
-``write_results`` writes a command's result files; if that fails anyway (disk full), the main
-record goes to a fallback file, which the error names.
+``atomic_write`` is how the project writes a file: to a temporary name in the same folder, then
+renamed, so a reader never sees half a file. ``OutputFolder`` holds one command's files; if a write
+fails anyway (disk full), all of them go to one fallback folder together, which the error names.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import secrets
+import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class OutputError(ValueError):
@@ -56,36 +64,146 @@ def check_writable(folders: Mapping[str, str | Path]) -> None:
             raise OutputError(f"{option} {folder}: {problem}; choose another folder")
 
 
-def fallback_path(name: str) -> Path:
-    """Where ``write_results`` saves a record it could not write: the temporary folder, else the home folder."""
-    stem, suffix = os.path.splitext(name)
-    file = f"xbench-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}{suffix}"
-    for folder in (Path(tempfile.gettempdir()), Path.home()):
-        if _write_problem(folder) is None:
-            return folder / file
-    raise OutputError(f"no folder to save {name} in (neither {tempfile.gettempdir()} nor {Path.home()} can be written)")
+def atomic_write(path: str | Path, data: bytes | str, sync: bool = False) -> Path:
+    """Write ``path`` whole or not at all: ``data`` (text as UTF-8) goes to a temporary name in the same folder,
+    renamed over ``path`` (``os.replace``) once complete; on failure the temporary file is removed and ``path`` is
+    as it was. ``sync``: fsync the file and its folder (a prediction store, which must survive a crash)."""
+    path = Path(path)
+    view = memoryview(data.encode() if isinstance(data, str) else data)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):  # name the file, not its temporary name
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
+    if sync:
+        fsync_dir(path.parent)
+    return path
 
 
-def write_results(out: str | Path, files: Mapping[str, str]) -> Path:
-    """Write ``files`` (``{name: text}``, the main record first) into ``out``. When that fails (disk full,
-    a folder gone read-only), the main record is written to ``fallback_path`` instead and ``OutputError``
-    names it; should even that fail, the record is printed (the results are never lost)."""
+def file_bytes(write: Callable[[io.BytesIO], object]) -> bytes:
+    """What ``write(file)`` writes into a file object (``np.save``, ``torch.save``, ``fig.savefig``), for
+    ``atomic_write``."""
+    buffer = io.BytesIO()
+    write(buffer)
+    return buffer.getvalue()
+
+
+def figure_png(fig, **kwargs) -> bytes:
+    """A matplotlib figure as PNG bytes (``savefig`` options in ``kwargs``), for ``atomic_write``."""
+    return file_bytes(lambda f: fig.savefig(f, format="png", **kwargs))
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not possible on every platform; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fallback_folder(out: Path) -> Path:
+    """Where an ``OutputFolder`` that cannot be written saves its files: a new folder in the temporary folder,
+    else in the home folder."""
+    prefix = f"xbench-{out.name or 'out'}-{time.strftime('%Y%m%d-%H%M%S')}-"
+    for parent in (Path(tempfile.gettempdir()), Path.home()):
+        if _write_problem(parent) is None:
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    raise OutputError(f"neither {tempfile.gettempdir()} nor {Path.home()} can be written")
+
+
+def write_failure(error: OSError, path: Path) -> str:
+    return f"cannot write {error.filename or path}: {(error.strerror or str(error)).lower()}"
+
+
+class OutputFolder:
+    """One command's output folder (``--out``): each file written whole (``atomic_write``), by its name relative
+    to the folder. Once a write fails (disk full, a folder gone read-only), the command's files go to one
+    ``fallback_folder`` together: those written so far are copied there, and this and every later file are
+    written there. ``close`` then raises ``OutputError`` naming it (or returns the folder when all went well)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.folder = self.root  # where files go now: root, or the fallback after a failure
+        self.names: dict[str, None] = {}  # written so far, in order
+        self.failure: str | None = None
+
+    def write(self, name: str | Path, data: bytes | str) -> Path:
+        """Write ``data`` as ``name`` (``"calibration/demo/metrics.csv"``); the path it went to."""
+        path = self.folder / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, data)
+        except OSError as error:
+            reason = write_failure(error, path)
+            if self.failure is not None:
+                raise OutputError(f"{self.failure}; nor in the fallback folder {self.folder} ({reason})") from error
+            self.failure = reason
+            self.to_fallback(error)
+            return self.write(name, data)
+        self.names[str(name)] = None
+        return path
+
+    def to_fallback(self, error: OSError) -> None:
+        try:
+            self.folder = fallback_folder(self.root)
+            for name in self.names:
+                (self.folder / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.root / name, self.folder / name)
+        except (OSError, OutputError) as fallback_error:
+            raise OutputError(f"{self.failure}; nor in a fallback folder ({fallback_error})") from error
+
+    def close(self) -> Path:
+        """The folder that holds every file; ``OutputError`` (one line: what failed and where the files are) when
+        that is the fallback."""
+        if self.failure is not None:
+            raise OutputError(f"{self.failure}; every output of this run is saved in {self.folder}")
+        return self.folder
+
+
+def write_results(out: str | Path | OutputFolder, files: Mapping[str, str]) -> Path:
+    """Write ``files`` (``{name: text}``, the main record first) into ``out`` (a folder, or the command's
+    ``OutputFolder`` with its files so far) and ``close`` it. Should even the fallback folder fail, the main
+    record is printed (the results are never lost)."""
+    folder = out if isinstance(out, OutputFolder) else OutputFolder(out)
+    try:
+        for name, text in files.items():
+            folder.write(name, text)
+    except OutputError as error:
+        name, record = next(iter(files.items()))
+        print(record)
+        raise OutputError(f"{error}: {name} is printed above") from error
+    return folder.close()
+
+
+def write_whole(out: str | Path, write: Callable[[Path], T]) -> T:
+    """``write(folder)``, which writes a command's every file into ``folder`` (each with ``atomic_write``), into
+    ``out``; if that fails (disk full), all over again into one ``fallback_folder``, and ``OutputError`` names it.
+    For commands that can write their files again (``report``, ``export``); a run's files: ``OutputFolder``."""
     out = Path(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (out / name).write_text(text)
+        return write(out)
     except OSError as error:
-        name, record = next(iter(files.items()))
-        reason = f"cannot write {error.filename or out}: {(error.strerror or str(error)).lower()}"
+        reason = write_failure(error, out)
         try:
-            fallback = fallback_path(name)
-            fallback.write_text(record)
+            folder = fallback_folder(out)
+            write(folder)
         except (OSError, OutputError) as fallback_error:
-            print(record)
-            raise OutputError(f"{reason}; nor a fallback file ({fallback_error}): {name} is printed above") from error
-        raise OutputError(f"{reason}; the results are saved in {fallback}") from error
-    return out
+            raise OutputError(f"{reason}; nor in a fallback folder ({fallback_error})") from error
+        raise OutputError(f"{reason}; every output of this run is saved in {folder}") from error
 
 
 def replicate_keys(fixed_threshold: float = 0.5) -> tuple[str, ...]:

@@ -52,6 +52,7 @@ from torch import nn
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
 from xbench_pl.models.base import EXPLAINER_ARGS, ZeroShotModel, ZeroShotOutput
+from xbench_pl.outputs import atomic_write, fsync_dir
 
 FORMAT = 2
 SHARD_SUFFIX = ".safetensors"
@@ -173,28 +174,6 @@ def decode_legacy_shard(data: bytes) -> dict:
     return torch.load(io.BytesIO(payload), weights_only=True)
 
 
-def fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # not possible on every platform; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``path`` complete or not at all: a temporary name in the same folder, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 # -- the store folder -------------------------------------------------------------------------
 class Store:
     """A prediction store folder (see the module docstring)."""
@@ -214,7 +193,7 @@ class Store:
 
     def write_manifest(self, manifest: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
+        atomic_write(self.manifest_path, json.dumps(manifest, indent=2) + "\n", sync=True)
 
     def shard_paths(self) -> list[Path]:
         """Every shard file: ``*.safetensors``, and format 1 ``*.xbp`` not yet converted (``upgrade``)."""
@@ -252,7 +231,7 @@ class Store:
     def write_shard(self, name: str, shard: dict) -> Path:
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         path = self.shards_dir / f"{name}{SHARD_SUFFIX}"
-        atomic_write(path, encode_shard(shard))
+        atomic_write(path, encode_shard(shard), sync=True)
         return path
 
     def set_aside(self, bad: list[BadShard]) -> None:
@@ -289,7 +268,7 @@ def upgrade(store: Store) -> tuple[int, list[BadShard]]:
         except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
             bad.append(BadShard(path, str(error) or type(error).__name__))
             continue
-        atomic_write(path.with_suffix(SHARD_SUFFIX), encode_shard(shard))
+        atomic_write(path.with_suffix(SHARD_SUFFIX), encode_shard(shard), sync=True)
         converted.append(path)
     store.set_aside(bad)
     if version < FORMAT:

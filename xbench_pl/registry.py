@@ -16,10 +16,15 @@ CONFIG_ROOTS = (_PACKAGE.parent / "configs", _PACKAGE / "configs")
 
 
 class UnknownName(KeyError):
-    """A model or dataset name with no config file; the message lists the available names."""
+    """A model or dataset name with no config file; the message lists the available names, ``option`` is the
+    command line's for the kind (``--model``, ``--data``)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message, kind)
+        self.option = "--model" if kind == "models" else "--data"
 
     def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+        return str(self.args[0])
 
 
 def config_dir(kind: str) -> Path:
@@ -37,7 +42,7 @@ def available(kind: str) -> list[str]:
 def config_path(kind: str, name: str) -> Path:
     path = config_dir(kind) / f"{name}.yaml"
     if not path.is_file():
-        raise UnknownName(f"unknown {kind[:-1] if kind == 'models' else 'dataset'} {name!r}; available: {available(kind)}")
+        raise UnknownName(f"unknown {kind[:-1] if kind == 'models' else 'dataset'} {name!r}; available: {available(kind)}", kind)
     return path
 
 

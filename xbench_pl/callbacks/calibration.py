@@ -22,13 +22,15 @@ With a ``WandbLogger``: the PNGs as ``calibration/DATASET/threshold`` and
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
 
 import lightning as L
 
-from xbench_pl.callbacks.common import model_name, new_figure, output_dir, safe_name, wandb_logger
+from xbench_pl.callbacks.common import close_own, model_name, new_figure, output_folder, safe_name, wandb_logger
+from xbench_pl.outputs import figure_png
 
 
 def pooled_bins(reliability: list[dict]) -> dict:
@@ -72,48 +74,44 @@ class CalibrationPlots(L.Callback):
         if not trainer.is_global_zero:
             return
         logger, name = wandb_logger(trainer), model_name(pl_module)
+        outputs = output_folder(trainer, self.dirpath)
         for dataset, table in pl_module.results.items():
             curves = pl_module.curves[dataset]
-            folder = output_dir(trainer, self.dirpath) / "calibration" / safe_name(dataset)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = Path("calibration") / safe_name(dataset)
             columns, rows = metric_rows(table)
-            with (folder / "metrics.csv").open("w", newline="") as f:
-                writer = csv.writer(f)
-                writer.writerow(columns)
-                writer.writerows(rows)
-            (folder / "curves.json").write_text(json.dumps(curves, indent=1) + "\n")
+            text = io.StringIO()
+            csv.writer(text).writerows([columns, *rows])
+            written = [outputs.write(folder / "metrics.csv", text.getvalue()),
+                       outputs.write(folder / "curves.json", json.dumps(curves, indent=1) + "\n")]
             threshold, reliability = [], []
             for finding, row in table["classes"].items():
                 c = curves["classes"][finding]
                 if row["n_regions"]:
-                    path = folder / f"threshold_{safe_name(finding)}.png"
-                    plot_threshold(path, f"{name} | {dataset} | {finding}", curves["thresholds"], c["dice"], c["iou"],
-                                   curves["fixed_threshold"], row["tau_best"], row["n_regions"])
-                    threshold.append(path)
+                    fig = plot_threshold(f"{name} | {dataset} | {finding}", curves["thresholds"], c["dice"], c["iou"],
+                                         curves["fixed_threshold"], row["tau_best"], row["n_regions"])
+                    threshold.append(outputs.write(folder / f"threshold_{safe_name(finding)}.png", figure_png(fig)))
                 if row["n_pos"] + row["n_neg"]:
-                    path = folder / f"reliability_{safe_name(finding)}.png"
-                    plot_reliability(path, f"{name} | {dataset} | {finding}", curves["bin_edges"], c["reliability"], row["ece"],
-                                     counted="images")
-                    reliability.append(path)
+                    fig = plot_reliability(f"{name} | {dataset} | {finding}", curves["bin_edges"], c["reliability"], row["ece"],
+                                           counted="images")
+                    reliability.append(outputs.write(folder / f"reliability_{safe_name(finding)}.png", figure_png(fig)))
             grounded = {f: curves["classes"][f] for f, row in table["classes"].items() if row["n_regions"]}
             if grounded:
-                path = folder / "threshold_all.png"
-                plot_threshold_all(path, f"{name} | {dataset} | every finding", curves["thresholds"], grounded,
-                                   {f: table["classes"][f]["tau_best"] for f in grounded}, curves["fixed_threshold"])
-                threshold.insert(0, path)
+                fig = plot_threshold_all(f"{name} | {dataset} | every finding", curves["thresholds"], grounded,
+                                         {f: table["classes"][f]["tau_best"] for f in grounded}, curves["fixed_threshold"])
+                threshold.insert(0, outputs.write(folder / "threshold_all.png", figure_png(fig)))
             if reliability:
                 bins = pooled_bins([c["reliability"] for c in curves["classes"].values()])
-                path = folder / "reliability_all.png"
-                plot_reliability(path, f"{name} | {dataset} | all findings pooled", curves["bin_edges"], bins, ece_of_bins(bins),
-                                 counted="(image, finding)\npairs")
-                reliability.insert(0, path)
-            self.written += [folder / "metrics.csv", folder / "curves.json", *threshold, *reliability]
+                fig = plot_reliability(f"{name} | {dataset} | all findings pooled", curves["bin_edges"], bins, ece_of_bins(bins),
+                                       counted="(image, finding)\npairs")
+                reliability.insert(0, outputs.write(folder / "reliability_all.png", figure_png(fig)))
+            self.written += [*written, *threshold, *reliability]
             if logger is not None:
                 logger.log_table(key=f"metrics/{dataset}", columns=columns, data=rows)
                 for kind, paths in (("threshold", threshold), ("reliability", reliability)):
                     if paths:
                         logger.log_image(key=f"calibration/{dataset}/{kind}", images=[str(p) for p in paths],
                                          caption=[p.stem for p in paths])
+        close_own(trainer, outputs)
 
 
 def metric_rows(table: dict) -> tuple[list[str], list[list]]:
@@ -127,7 +125,7 @@ def _fmt(value) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
-def plot_threshold(path: Path, title: str, thresholds: list, dice: list, iou: list, fixed: float, tau_best, n_regions: int) -> None:
+def plot_threshold(title: str, thresholds: list, dice: list, iou: list, fixed: float, tau_best, n_regions: int):
     fig = new_figure(4.6, 3.4)
     ax = fig.add_subplot()
     nan = float("nan")
@@ -145,10 +143,10 @@ def plot_threshold(path: Path, title: str, thresholds: list, dice: list, iou: li
     ax.set_title(f"{title}\nthreshold calibration ({n_regions} region pair(s))", fontsize=8)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    return fig
 
 
-def plot_threshold_all(path: Path, title: str, thresholds: list, curves: dict, tau_best: dict, fixed: float) -> None:
+def plot_threshold_all(title: str, thresholds: list, curves: dict, tau_best: dict, fixed: float):
     fig = new_figure(5.2, 3.6)
     ax = fig.add_subplot()
     for finding, c in curves.items():
@@ -161,12 +159,12 @@ def plot_threshold_all(path: Path, title: str, thresholds: list, curves: dict, t
     ax.set_title(f"{title}\nDice against τ", fontsize=8)
     ax.legend(fontsize=6, loc="upper right", ncol=2)
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    return fig
 
 
-def plot_reliability(path: Path, title: str, edges: list, bins: dict, ece, counted: str):
+def plot_reliability(title: str, edges: list, bins: dict, ece, counted: str):
     """The reliability diagram over the histogram of what its bins hold (``counted``: images of one finding,
-    or (image, finding) pairs when pooled); returns the figure."""
+    or (image, finding) pairs when pooled)."""
     fig = new_figure(4.6, 4.2)
     ax, counts = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
@@ -183,5 +181,4 @@ def plot_reliability(path: Path, title: str, edges: list, bins: dict, ece, count
     ax.grid(alpha=0.3)
     counts.bar(edges[:-1], bins["count"], width=widths, align="edge", color="gray", edgecolor="black", linewidth=0.5)
     counts.set(xlim=(0, 1), xlabel="recognition score (bin)", ylabel=f"{counted}\nper bin")
-    fig.savefig(path)
     return fig

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import torch
 
+from xbench_pl.outputs import OutputFolder
+
 
 def output_dir(trainer, dirpath: str | None) -> Path:
     """``dirpath`` if given, else the trainer's ``default_root_dir`` (the CLI sets it to ``--out``)."""
     return Path(dirpath if dirpath is not None else trainer.default_root_dir)
+
+
+def output_folder(trainer, dirpath: str | None) -> OutputFolder:
+    """Where a callback writes: the run's ``OutputFolder`` (``trainer.output_folder``, set by the CLI: shared with
+    ``metrics.json``, so that a late failure moves every file of the run together) when ``output_dir`` is its
+    folder, else a new one (which the callback ``close``s)."""
+    folder = output_dir(trainer, dirpath)
+    run = getattr(trainer, "output_folder", None)
+    if run is not None and os.path.abspath(run.root) == os.path.abspath(folder):
+        return run
+    return OutputFolder(folder)
+
+
+def close_own(trainer, outputs: OutputFolder) -> None:
+    """``close`` an ``OutputFolder`` that is not the run's (whose owner closes it after the last file)."""
+    if outputs is not getattr(trainer, "output_folder", None):
+        outputs.close()
 
 
 def wandb_logger(trainer, required: bool = False):

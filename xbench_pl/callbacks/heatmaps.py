@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import heapq
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +30,11 @@ import lightning as L
 import numpy as np
 import torch
 
-from xbench_pl.callbacks.common import gather_to_rank_zero, model_name, new_figure, output_dir, safe_name, wandb_logger
+from xbench_pl.callbacks.common import (close_own, gather_to_rank_zero, model_name, new_figure, output_folder, safe_name,
+                                       wandb_logger)
 from xbench_pl.geometry import warp_to_eval_grid
 from xbench_pl.metrics.functional import RELATIVE_TOLERANCE, normalize_saliency, pointing_game
+from xbench_pl.outputs import figure_png
 
 
 def sample_key(dataset: str, image_id: str) -> int:
@@ -148,36 +151,36 @@ class SaliencySamples(L.Callback):
         if not trainer.is_global_zero:
             return
         chosen = SampleBook.merge(self.per_finding, gathered)
-        root = output_dir(trainer, self.dirpath) / "heatmaps"
+        outputs, root = output_folder(trainer, self.dirpath), Path("heatmaps")
         name, normalize = model_name(pl_module), getattr(pl_module, "normalize", "minmax")
         logger, rows = wandb_logger(trainer), []
         for (dataset, finding), samples in chosen.items():
             folder = root / safe_name(dataset) / safe_name(finding)
-            folder.mkdir(parents=True, exist_ok=True)
             paths, captions = [], []
             for s in samples:
-                path = folder / f"{safe_name(s.image_id.replace('.', '_'))}.png"
+                file = folder / f"{safe_name(s.image_id.replace('.', '_'))}.png"
                 queried = f" \"{s.query}\"" if s.query else ""
                 caption = (f"{name} | {dataset} | {finding}{queried} | {s.image_id} | score {s.score:.3f} | label {s.label} | "
                            f"pointing game {s.pointing:.2f}")
-                render_sample(s, path, caption, normalize, self.display_size)
-                paths.append(path)
+                paths.append(outputs.write(file, render_sample(s, caption, normalize, self.display_size)))
                 captions.append(caption)
                 rows.append({"dataset": dataset, "finding": finding, **({"query": s.query} if s.query else {}), "image_id": s.image_id, "score": s.score,
-                             "label": s.label, "pointing_game": s.pointing, "file": str(path.relative_to(root))})
+                             "label": s.label, "pointing_game": s.pointing, "file": str(file.relative_to(root))})
             self.written += paths
             if logger is not None:
                 logger.log_image(key=f"heatmaps/{dataset}/{finding}", images=[str(p) for p in paths], caption=captions)
         if rows:
-            with (root / "samples.csv").open("w", newline="") as f:
-                # a phrase dataset's rows add the phrase after the finding (``query``); others have no such column
-                writer = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
-                writer.writeheader()
-                writer.writerows(rows)
+            text = io.StringIO()
+            # a phrase dataset's rows add the phrase after the finding (``query``); others have no such column
+            writer = csv.DictWriter(text, fieldnames=list(max(rows, key=len)), restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+            outputs.write(root / "samples.csv", text.getvalue())
+        close_own(trainer, outputs)
 
 
-def render_sample(sample: Sample, path: Path, caption: str, normalize: str = "minmax", display_size: int = 384) -> None:
-    """Draw one sample (see the module docstring) into a PNG."""
+def render_sample(sample: Sample, caption: str, normalize: str = "minmax", display_size: int = 384) -> bytes:
+    """One sample (see the module docstring) drawn as a PNG."""
     height, width = sample.original_size
     saliency = torch.from_numpy(sample.saliency)
     shown = normalize_saliency(saliency[None], normalize if normalize != "none" else "minmax")[0].numpy()
@@ -204,4 +207,4 @@ def render_sample(sample: Sample, path: Path, caption: str, normalize: str = "mi
     parts = caption.split(" | ")
     title = " | ".join(parts[:4]) + "\n" + " | ".join(parts[4:]) + (f" | {ties} tied peak px" if ties > 1 else "")
     ax.set_title(title, fontsize=7)
-    fig.savefig(path, dpi=100)
+    return figure_png(fig, dpi=100)

@@ -22,15 +22,28 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from xbench_pl.console import note
+from xbench_pl.outputs import OutputError, write_failure
 from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
                                    replay)
 from xbench_pl.registry import qualified_name
+
+
+@contextmanager
+def writing(store: Store):
+    """A write into ``store`` that fails (disk full) ends the run in one line (``OutputError``): the files written so
+    far stay whole, and ``--resume`` goes on from them."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputError(f"--predictions {store}: {write_failure(error, store.root)}; make room, then continue with "
+                          f"--predictions {store} --resume") from error
 
 
 def _safe(text: str) -> str:
@@ -121,7 +134,8 @@ class PredictionWriter(Callback):
                 note(f"--resume: {taken} of {total} images from the prediction store {self.store.root}, "
                      f"{total - taken} to compute")
             if stored is None:
-                self.store.write_manifest(wanted)
+                with writing(self.store):
+                    self.store.write_manifest(wanted)
             if bad:
                 rank_zero_warn(f"{len(bad)} unreadable shard(s) set aside in {self.store.root / 'corrupt'} and their images "
                                "computed again: " + "; ".join(str(b) for b in bad[:3]))
@@ -190,7 +204,8 @@ class PredictionWriter(Callback):
             **{k: torch.cat([part[k] for part in parts]) for k in ("scores", "saliency", "affine", "original_size", "labels")},
         }
         name = f"{_safe(dataset)}-rank{trainer.global_rank}-{self.token}-{self.written:05d}"
-        self.store.write_shard(name, shard)
+        with writing(self.store):
+            self.store.write_shard(name, shard)
         self.written += 1
 
     def flush_all(self, trainer) -> None:

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks.progress import ProgressBar
 
 from xbench_pl.console import ProgressLines, width
-from xbench_pl.report import console_columns, format_value
+from xbench_pl.run_files import console_columns, format_value
 
 
 def dataset_name(trainer, dataloader_idx: int) -> str:
@@ -74,7 +74,7 @@ class PlainProgressBar(ProgressBar):
 
 class ValidationSummary(Callback):
     """After each validation epoch of ``fit`` but the last planned (``max_epochs``: fit's closing table shows that
-    one), one line per dataset with the mean of the ``columns`` (``report.console_columns``), wrapped to the
+    one), one line per dataset with the mean of the ``columns`` (``run_files.console_columns``), wrapped to the
     terminal's width, on stdout (a result, like the closing table)."""
 
     def __init__(self, columns: list[str] | str | None = None):

@@ -146,12 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             datasets = {name: paired_bootstrap(replay_a.benchmark[name], replay_b.benchmark[name], resamples, seed)
                         for name in replay_a.benchmark}
-    except UsageProblem as error:
+    except (UsageProblem, DataError, StoreError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (DataError, StoreError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     report = {"a": {"store": folders[0], "model": model_name(run_a.stored)}, "b": {"store": folders[1], "model": model_name(stored_b)},
               "resamples": resamples, "seed": seed, "level": 0.95,
               "p_value": "two-sided bootstrap: min(1, 2 min((1 + #{d <= 0}) / (1 + R), (1 + #{d >= 0}) / (1 + R))) "

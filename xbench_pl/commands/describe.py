@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         datamodule_class, defaults = read_config("data", name)
     except KeyError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: --data: {error}", file=sys.stderr)
         return 2
     args = build_parser(datamodule_class, defaults).parse_args(rest)
     datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())

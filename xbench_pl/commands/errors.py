@@ -4,9 +4,11 @@ traceback."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import traceback
 from argparse import ArgumentError
+from pathlib import Path
 
 from xbench_pl.commands.arguments import PROG, TRAINER_COMMANDS
 from xbench_pl.registry import UnknownName
@@ -33,18 +35,41 @@ def _own_errors() -> tuple[type, ...]:
     return DataError, CheckpointError, OutputError, UsageError, UnknownName
 
 
-def _option_of(error: BaseException) -> str:
-    """``--data`` or ``--model`` when ``error`` was raised while building a datamodule or a model."""
+def _init_arguments(cls: type) -> set[str]:
+    """Every argument of ``cls``'s ``__init__`` and its bases' (a family passes the base's on)."""
+    names = set()
+    for base in cls.__mro__:
+        if "__init__" in vars(base):
+            try:
+                names |= set(inspect.signature(base.__init__).parameters) - {"self", "args", "kwargs"}
+            except (TypeError, ValueError):
+                pass
+    return names
+
+
+def _option_of(error: BaseException, message: str) -> tuple[str, str]:
+    """The option and the message for ``error`` raised while building a datamodule or a model: ``--data.ARG`` or
+    ``--model.ARG`` for the class's argument ARG that the message is about, else ``--data`` or ``--model``; no
+    option for an error raised elsewhere. The message is about ARG where it begins with ARG (named once: the
+    message goes on after it), says ``ARG=...``, or begins with ARG's value (a file)."""
     from xbench_pl.data.base import XBenchDataModule
     from xbench_pl.models.base import ZeroShotModel
 
     for frame, _ in traceback.walk_tb(error.__traceback__):
         owner = frame.f_locals.get("self")
-        if frame.f_code.co_name == "__init__" and isinstance(owner, XBenchDataModule):
-            return "--data"
-        if frame.f_code.co_name == "__init__" and isinstance(owner, ZeroShotModel):
-            return "--model"
-    return ""
+        if frame.f_code.co_name != "__init__" or not isinstance(owner, (XBenchDataModule, ZeroShotModel)):
+            continue
+        if message.startswith("--"):  # it names its option itself
+            return "", message
+        option, arguments = "--data" if isinstance(owner, XBenchDataModule) else "--model", _init_arguments(type(owner))
+        leading = re.match(r"([a-z_][a-z0-9_]*)(:\s*|\s+)(?=\S)", message)
+        if leading and leading.group(1) in arguments:
+            return f"{option}.{leading.group(1)}", message[leading.end():]
+        said = [name for name in re.findall(r"\b([a-z_][a-z0-9_]*)=", message) if name in arguments]
+        valued = [name for name in arguments if isinstance(frame.f_locals.get(name), (str, Path))
+                  and len(str(frame.f_locals[name])) > 1 and message.startswith(str(frame.f_locals[name]))]
+        return (f"{option}.{(said or valued)[0]}" if said or valued else option), message
+    return "", message
 
 
 def _last_line(message: str) -> str:
@@ -103,5 +128,7 @@ def user_error_message(error: BaseException, command: str) -> str | None:
     if own is None:
         return None
     message = _last_line(own.args[0] if isinstance(own, KeyError) and own.args else str(own))
-    option = "" if isinstance(own, UsageError) else _option_of(own)
+    if isinstance(own, UnknownName):
+        return f"{own.option}: {message}"
+    option, message = ("", message) if isinstance(own, UsageError) else _option_of(own, message)
     return f"{option}: {message}" if option else message

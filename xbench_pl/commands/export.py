@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from xbench_pl.commands.arguments import PROG, command_help, take_option
-from xbench_pl.outputs import check_writable
+from xbench_pl.outputs import check_writable, write_whole
 
 USAGE = "export --predictions DIR --to npy|cheXlocalize --out DIR [--size N]"
 OPTIONS = {"--predictions DIR": f"the prediction store ({PROG} test --predictions DIR)",
@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {store.manifest_path} not found: {store} is no prediction store", file=sys.stderr)
         return 2
     try:
-        written = export(store, values["--to"], out, size)
+        written = write_whole(out, lambda folder: export(store, values["--to"], folder, size))
     except StoreError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {out} ({values['--to']}: {', '.join(f'{name}: {n} image(s)' for name, n in written.items())})")
     return 0
 

@@ -12,7 +12,7 @@ config; ``--data.ARG V`` overrides one setting (``--data.root`` where the data m
 ``--data.eval_size`` to judge on another grid, ``--data.split_file`` to score a subset).
 ``--normalize``, ``--fixed_threshold`` and ``--score_threshold`` re-evaluate with other metric
 settings (default: the run's). Every evaluated image must be in the store, and every shard must
-read back intact: otherwise the command names what is missing or corrupt and exits 1 (continue
+read back intact: otherwise the command names what is missing or corrupt and exits 2 (continue
 the run with ``test ... --predictions DIR --resume``).
 
 ``score --maps DIR --data NAME ...`` scores saliency maps made elsewhere instead (``score --maps DIR --help``), and
@@ -39,7 +39,7 @@ from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
 from xbench_pl.registry import qualified_name, read_config, resolve_class
 
-# torch, albumentations and the metrics (xbench_pl.report, geometry, predictions) load only where a command runs: --help
+# torch, albumentations and the metrics (xbench_pl.run_files, geometry, predictions) load only where a command runs: --help
 # and option errors start without them
 
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
@@ -66,7 +66,8 @@ Without any score the run is grounding-only: the recognition keys (``auroc``, ``
 ``hamming_acc``, ``ece``) are null. An evaluated image without a map for every finding is left out
 and listed in ``problems`` (naming the findings missing); maps matching no evaluated image or
 finding are counted there too. A map that cannot be read, is not 2-D or holds NaN/inf is an error
-naming its file (exit 1); so is an image whose maps differ in size (score them as separate runs).
+naming its file (exit 2); so is an image whose maps differ in size (score them as separate runs), and a
+folder where no image has a map for every finding.
 """
 
 #: the columns of a box file (``external_boxes``)
@@ -95,7 +96,7 @@ is scored: a pair without a box has a constant zero map, which scores as the ``u
 (Pointing Game = the region's area fraction, chance). A malformed row (a missing column, not a number,
 x_max <= x_min, a confidence or score outside [0, 1]), an image the dataset does not evaluate, an
 unknown finding, a box outside its image or scores of one pair that differ end the command naming the
-file and row (exit 1); with ``--data.on_error skip`` the row is left out and listed in ``problems``.
+file and row (exit 2); with ``--data.on_error skip`` the row is left out and listed in ``problems``.
 """
 
 #: ``--help`` of both forms: the options all take
@@ -169,8 +170,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
 
 
 def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
-    """``--columns all|KEY,...`` (the printed table's, ``report.parse_columns``) and the rest; UsageProblem if unknown."""
-    from xbench_pl.report import parse_columns
+    """``--columns all|KEY,...`` (the printed table's, ``run_files.parse_columns``) and the rest; UsageProblem if unknown."""
+    from xbench_pl.run_files import parse_columns
 
     text, rest = take_option(argv, "--columns")
     try:
@@ -203,23 +204,20 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     from xbench_pl.predictions import StoreError, model_name, rescore
-    from xbench_pl.report import publish_scores
+    from xbench_pl.run_files import publish_scores
 
     try:
         columns, rest = take_columns(rest)
         run = open_store(folder, rest)
-    except UsageProblem as error:
+    except (UsageProblem, DataError) as error:  # DataError: the datamodule's arguments
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except DataError as error:  # the datamodule's arguments
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     check_writable({"--out": run.args.out})
     try:
         results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk)
     except (DataError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     out = publish_scores(run.args.out, started, str(Path(folder)),
                          model=model_name(run.stored),
                          results=results, problems=datamodule_problems(run.datamodule), config=run.config,
@@ -281,7 +279,7 @@ def publish_external(run: SimpleNamespace, started: float, key: str, datamodule,
     ``key`` names the input in the config (``maps``, ``boxes``), ``model_config`` adds to its model entry."""
     from xbench_pl.external_maps import grounding_only
     from xbench_pl.predictions import compute_tables
-    from xbench_pl.report import publish_scores
+    from xbench_pl.run_files import publish_scores
 
     results = compute_tables(replayer)
     for name, all_scored in scored.items():
@@ -325,10 +323,10 @@ def score_maps(argv: list[str]) -> int:
         datamodule, replayer = external_replayer(run)
         scored = {}
         for child in datamodule.datamodules:
-            scored[child.name] = score_dataset(child, files, scores, preprocess, replayer, run.args.chunk)
+            scored[child.name] = score_dataset(child, folder, files, scores, preprocess, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     out = publish_external(run, started, "maps", datamodule, replayer, {n: s for n, (_, s) in scored.items()},
                            preprocess=preprocess_config)
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the maps in {folder}; "
@@ -356,7 +354,7 @@ def score_boxes(argv: list[str]) -> int:
         scored = score_box_file(run.source, datamodule, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     out = publish_external(run, started, "boxes", datamodule, replayer, {n: s for n, (_, _, s) in scored.items()})
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the boxes in {run.source}; "
           f"{', '.join(f'{n}: {k} image(s), {b} with a box' for n, (k, b, _) in scored.items())})")

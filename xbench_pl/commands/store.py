@@ -30,15 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     from xbench_pl.predictions import FORMAT, Store, StoreError, upgrade  # here: --help starts without Lightning
 
     store = Store(argv[1])
+    if not store.root.is_dir():
+        print(f"error: store upgrade {store}: no such folder", file=sys.stderr)
+        return 2
     try:
         converted, bad = upgrade(store)
     except StoreError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     except OSError as error:  # a read-only or full disk: the shards converted so far stay, the rest are as they were
         print(f"error: {store}: cannot write a converted shard ({error}); run store upgrade again once it can",
               file=sys.stderr)
-        return 1
+        return 2
     print(f"{store}: format {FORMAT}, {converted} shard(s) converted"
           + (f"; {len(bad)} unreadable shard(s) set aside in {store.root / 'corrupt'} (redo their images with "
              f"{PROG} test ... --predictions {store} --resume)" if bad else ""))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -42,7 +43,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.outputs import check_writable
+from xbench_pl.outputs import atomic_write, check_writable, write_results
 
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 METHODS = ("grid", "random")
@@ -71,7 +72,9 @@ def read_sweep(path: str | Path) -> dict:
     except FileNotFoundError:
         raise SweepError(f"{path}: no such sweep file") from None
     except yaml.YAMLError as error:
-        raise SweepError(f"{path}: not valid YAML ({error})") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SweepError(f"{path}: not valid YAML ({getattr(error, 'problem', None) or error}{where})") from None
     if not isinstance(sweep, dict) or not isinstance(sweep.get("parameters"), dict) or not sweep["parameters"]:
         raise SweepError(f"{path}: a sweep needs a 'parameters' mapping (W&B sweep format)")
     method = sweep.get("method")
@@ -218,11 +221,11 @@ def execute(run: Run, metric: str | None) -> None:
         run.status = "skipped (done)"
     else:
         run.folder.mkdir(parents=True, exist_ok=True)
-        (run.folder / "params.json").write_text(json.dumps(run.params, indent=2, default=str) + "\n")
+        atomic_write(run.folder / "params.json", json.dumps(run.params, indent=2, default=str) + "\n")
         env = {**os.environ}
         env.setdefault("WANDB_MODE", "offline")  # no server: W&B logs go to the run folder, sync later
         started = time.time()
-        with (run.folder / "log.txt").open("w") as log:
+        with (run.folder / "log.txt").open("w") as log:  # the run's log, written as it goes
             log.write(shlex.join(run.command) + "\n\n")
             log.flush()
             result = subprocess.run(run.command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -245,11 +248,8 @@ def summarize(runs: list[Run], sweep: dict, out: Path) -> str:
     ranked = sorted(runs, key=order)
     columns = ["run", *names, metric or "metric", "status", "wall_s", "folder"]
     rows = [[r.run_id, *(r.params.get(n) for n in names), r.metric, r.status, r.wall_s, str(r.folder)] for r in ranked]
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "summary.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(rows)
+    table = io.StringIO()
+    csv.writer(table).writerows([columns, *rows])
 
     def cell(v):
         if v is None:
@@ -261,7 +261,7 @@ def summarize(runs: list[Run], sweep: dict, out: Path) -> str:
              "| " + " | ".join(columns[:-1]) + " |", "|---" * (len(columns) - 1) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row[:-1]) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text)
+    write_results(out, {"summary.md": text, "summary.csv": table.getvalue()})
     return text
 
 

@@ -37,9 +37,9 @@ from xbench_pl.data.base import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.options import ExplainerName
-from xbench_pl.outputs import check_writable, write_results
+from xbench_pl.outputs import OutputFolder, check_writable, write_results
 from xbench_pl.registry import available, class_path, config_path, resolve_class
-from xbench_pl.report import build_report, console_table, parse_columns, provenance, publish_report
+from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
 NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
@@ -220,6 +220,7 @@ class XBenchCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except (TypeError, ValueError) as error:  # Trainer's own checks of its arguments
             raise UsageError(f"--trainer: {error}") from error
+        trainer.output_folder = OutputFolder(self.config[self.subcommand].out)  # the callbacks' files and ours
         self.add_prediction_store(trainer)
         return trainer
 
@@ -262,7 +263,6 @@ class XBenchCLI(LightningCLI):
         if not self.trainer.is_global_zero:
             return
         settings = self.settings()
-        out = Path(settings["out"])
         checkpoint = self.trainer.checkpoint_callback
         path = (checkpoint.last_model_path or checkpoint.best_model_path) if checkpoint is not None else ""
         record = {
@@ -277,7 +277,7 @@ class XBenchCLI(LightningCLI):
             "config": report_config(settings),
             "provenance": provenance(self.trainer, self.started),
         }
-        write_results(out, {"fit.json": json.dumps(record, indent=2) + "\n"})
+        out = write_results(self.trainer.output_folder, {"fit.json": json.dumps(record, indent=2) + "\n"})
         if self.model.val_results:
             epoch = self.model.val_history[-1]["epoch"]
             print(f"\nvalidation after epoch {epoch} ({len(self.datamodule.val_set)} images):")
@@ -325,7 +325,7 @@ class XBenchCLI(LightningCLI):
             provenance=provenance(self.trainer, self.started),
             explainer=self.model.explainer_info,
         )
-        out = publish_report(report, settings["out"], self.columns)
+        out = publish_report(report, self.trainer.output_folder, self.columns)
         if report["random_weights"]:
             fitted = " fitted from" if settings.get("ckpt_path") else ""
             say(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "

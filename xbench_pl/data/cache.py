@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import cv2
 import numpy as np
 
 from xbench_pl.data.io import read_image
+from xbench_pl.outputs import atomic_write, file_bytes
 
 DECODE_VERSION = 1
 CACHE_ENV = "XBENCH_CACHE_DIR"
@@ -95,8 +94,8 @@ class ImageStore:
                 pass  # damaged entry: decode again and overwrite it
         stored, original_size = self.decode(path)
         entry.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(entry.with_suffix(".json"), lambda f: f.write(json.dumps({"original_size": original_size, "file": str(path)}).encode()))
-        _write_atomic(entry, lambda f: np.save(f, stored))
+        atomic_write(entry.with_suffix(".json"), json.dumps({"original_size": original_size, "file": str(path)}))
+        atomic_write(entry, file_bytes(lambda f: np.save(f, stored)))
         return stored, original_size
 
     def decode(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
@@ -108,14 +107,3 @@ class ImageStore:
         fields = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, self.max_side, DECODE_VERSION)
         key = hashlib.sha256("\0".join(map(str, fields)).encode()).hexdigest()
         return self.cache_dir / key[:2] / f"{key}.npy"
-
-
-def _write_atomic(target: Path, write) -> None:
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            write(f)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

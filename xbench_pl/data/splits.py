@@ -30,7 +30,7 @@ an error, and images of the pool the file does not list are left out of both set
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +38,7 @@ import numpy as np
 
 from xbench_pl.data.annotations import find_one
 from xbench_pl.data.errors import DataError
+from xbench_pl.outputs import atomic_write
 
 SPLIT_COLUMNS = ("image_id", "patient_id", "split")
 SETS = ("train", "val")
@@ -87,17 +88,16 @@ def patient_split(records: list, val_fraction: float, seed: int) -> dict[str, st
 
 
 def write_split(path: str | Path, records: list, assignment: dict[str, str]) -> Path:
-    """``assignment`` as the split CSV, rows in record order; written to a temporary name, then renamed."""
+    """``assignment`` as the split CSV, rows in record order (``atomic_write``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with open(partial, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(SPLIT_COLUMNS)
-        for record in records:
-            if record.image_id in assignment:
-                writer.writerow((record.image_id, record.patient_id or "", assignment[record.image_id]))
-    os.replace(partial, path)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(SPLIT_COLUMNS)
+    for record in records:
+        if record.image_id in assignment:
+            writer.writerow((record.image_id, record.patient_id or "", assignment[record.image_id]))
+    atomic_write(path, text.getvalue())
     return path
 
 

@@ -17,7 +17,7 @@ from typing import get_args
 import torch
 
 from xbench_pl.explainers.cams import CAM_METHODS, LIBRARY, CAMExplainer, library_version
-from xbench_pl.explainers.relevance import RelevanceExplainer
+from xbench_pl.explainers.relevance import RelevanceExplainer, refusal
 from xbench_pl.explainers.towers import image_tower, query_decoder
 from xbench_pl.options import ExplainerName
 
@@ -41,8 +41,13 @@ def build_explainer(model, name: str, layer: str | None) -> CAMExplainer | Relev
                              f"its default for CAMs is {tower.cam_layer!r}") from None
         return CAMExplainer(name, layer, tower.grid)
     if layer is not None:
-        raise ValueError(f"explainer {name} follows every attention layer; explainer_layer is for the CAMs only")
-    return RelevanceExplainer(name, tower, query_decoder(model) is not None)
+        raise ValueError(f"explainer_layer {layer!r}: a layer is for the CAMs only; {name} follows every attention layer")
+    has_decoder = query_decoder(model) is not None
+    problem = refusal(name, tower, has_decoder)
+    if problem:
+        taken = [n for n in EXPLAINERS if n in ("native", *CAM_METHODS) or refusal(n, tower, has_decoder) is None]
+        raise ValueError(f"explainer {problem}: it takes {', '.join(taken)}")
+    return RelevanceExplainer(name, tower, has_decoder)
 
 
 def explainer_info(name: str, explainer: CAMExplainer | RelevanceExplainer | None, target: str) -> dict:

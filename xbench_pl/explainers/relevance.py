@@ -77,18 +77,23 @@ def decoder_relevance(image: torch.Tensor, layers: list[tuple]) -> torch.Tensor:
     return text_image
 
 
+def refusal(name: str, tower: Tower, has_decoder: bool) -> str | None:
+    """Why ``rollout`` or ``chefer`` (``name``) cannot follow the attention of a model with ``tower`` (and a query
+    decoder, ``has_decoder``), or None where it can."""
+    if name == "rollout" and tower.kind != "vit":
+        return "rollout follows a ViT's self-attention; this model's image tower is a ResNet"
+    if name == "chefer" and tower.kind != "vit" and not has_decoder:
+        return "chefer follows attention; this model has neither a ViT image tower nor a query decoder"
+    if tower.kind == "vit" and not tower.blocks and not (name == "chefer" and has_decoder):
+        return f"{name} follows attention, which explainers do not record in this model's ViT ({type(tower.module).__name__})"
+    return None
+
+
 class RelevanceExplainer:
-    """``rollout`` or ``chefer`` over ``tower`` (and the model's query decoder, for ``chefer``)."""
+    """``rollout`` or ``chefer`` over ``tower`` (and the model's query decoder, for ``chefer``), where ``refusal``
+    finds nothing against it."""
 
     def __init__(self, name: str, tower: Tower, has_decoder: bool):
-        if name == "rollout" and tower.kind != "vit":
-            raise ValueError("rollout follows a ViT's self-attention; this model's image tower is a ResNet: use a CAM "
-                             "(e.g. --model.explainer gradcam) or chefer")
-        if name == "chefer" and tower.kind != "vit" and not has_decoder:
-            raise ValueError("chefer follows attention; this model has neither a ViT image tower nor a query decoder")
-        if tower.kind == "vit" and not tower.blocks and not (name == "chefer" and has_decoder):
-            raise ValueError(f"{name} follows attention, which explainers do not record in this model's ViT "
-                             f"({type(tower.module).__name__}): use a CAM (e.g. --model.explainer gradcam)")
         self.name, self.tower = name, tower
         self.layer = "decoder" if name == "chefer" and has_decoder else tower.path
 

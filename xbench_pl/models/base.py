@@ -144,7 +144,7 @@ class ZeroShotModel(L.LightningModule):
         # a replay (predictions.metric_settings) passes back the parsed tuple
         self.groups = parse_groups(groups if isinstance(groups, str) else ",".join(groups)) if groups else ()
         if explainer not in self.explainers():
-            raise ValueError(f"{type(self).__name__} has no network to explain: it takes explainer 'native' only, got {explainer!r}")
+            raise ValueError(f"explainer {explainer!r}: {type(self).__name__} has no network to explain; it takes 'native' only")
         if explainer_layer is not None and explainer == "native":
             raise ValueError(f"explainer_layer {explainer_layer!r} needs an explainer (e.g. explainer='gradcam'); native maps have no layer")
         self.explainer, self.explainer_layer = explainer, explainer_layer

@@ -23,6 +23,7 @@ from xbench_pl.data.nih_bbox import read_box_table
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
+from xbench_pl.outputs import atomic_write, file_bytes
 
 
 class MapBaseline(ZeroShotModel):
@@ -112,12 +113,13 @@ def write_prior(table: str | Path, out: str | Path | None = None) -> Path:
     counts = np.stack([occupancy[f][0] for f in findings])
     if counts.max() > np.iinfo(np.uint16).max:
         raise ValueError("occupancy counts overflow uint16")
-    with open(out, "wb") as file:  # a file object: numpy adds no ".npz" and the bytes depend only on the data
-        np.savez_compressed(file, findings=np.array(findings), counts=counts.astype(np.uint16),
-                            images=np.array([occupancy[f][1] for f in findings], np.int64),
-                            image_size=np.int64(PRIOR_IMAGE_SIZE), grid=np.int64(PRIOR_GRID),
-                            source=np.array(f"NIH ChestX-ray14 {Path(table).name}: {sum(occupancy[f][1] for f in findings)} "
-                                            "(finding, image) pairs"))
+    arrays = {"findings": np.array(findings), "counts": counts.astype(np.uint16),
+              "images": np.array([occupancy[f][1] for f in findings], np.int64),
+              "image_size": np.int64(PRIOR_IMAGE_SIZE), "grid": np.int64(PRIOR_GRID),
+              "source": np.array(f"NIH ChestX-ray14 {Path(table).name}: {sum(occupancy[f][1] for f in findings)} "
+                                 "(finding, image) pairs")}
+    # into a file object: numpy adds no ".npz" and the bytes depend only on the data
+    atomic_write(out, file_bytes(lambda file: np.savez_compressed(file, **arrays)))
     return out
 
 

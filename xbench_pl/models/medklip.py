@@ -83,6 +83,7 @@ from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, loca
                                           sized_architecture, weights_in)
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.outputs import atomic_write, file_bytes
 
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
 CACHE_FORMAT = 1
@@ -270,10 +271,9 @@ def save_query_embeddings(path: str | Path, texts: list[str] | tuple[str, ...], 
         raise ValueError(f"embeddings {tuple(embeddings.shape)} do not give one row per text ({len(texts)} texts)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    torch.save({"format": CACHE_FORMAT, "text_encoder": text_encoder, "max_length": max_length, "texts": list(texts),
-                "embeddings": embeddings.contiguous()}, partial)
-    os.replace(partial, path)  # atomic: concurrent ranks never read half a file
+    record = {"format": CACHE_FORMAT, "text_encoder": text_encoder, "max_length": max_length, "texts": list(texts),
+              "embeddings": embeddings.contiguous()}
+    atomic_write(path, file_bytes(lambda f: torch.save(record, f)))  # concurrent ranks never read half a file
     return path
 
 

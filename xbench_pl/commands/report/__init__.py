@@ -37,7 +37,7 @@ from xbench_pl.commands.report import correlation, explainers, fairness, finding
 from xbench_pl.commands.report.correlation import r2_text
 from xbench_pl.commands.report.page import Section, markdown, page
 from xbench_pl.commands.report.runs import Run, find_runs, image_sets
-from xbench_pl.outputs import check_writable
+from xbench_pl.outputs import atomic_write, check_writable, write_whole
 
 #: the page's sections in order (after ``opening``)
 SECTIONS = (table1, explainers, reader, fairness, correlation, findings, saved)
@@ -66,9 +66,9 @@ def build(runs: list[Run], out: Path) -> dict:
                         "datasets": list(r.datasets)} for r in runs]}
     for section in sections:
         report.update(section.data)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(markdown(sections, out))
-    (out / "report.html").write_text(page(sections))
+    atomic_write(out / "report.json", json.dumps(report, indent=1) + "\n")
+    atomic_write(out / "report.md", markdown(sections, out))
+    atomic_write(out / "report.html", page(sections))
     return report
 
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     check_writable({"--out": args.out})
     out = Path(args.out)
-    overall = build(runs, out)["auroc_vs_pointing_game"]["overall"]
+    overall = write_whole(out, lambda folder: build(runs, folder))["auroc_vs_pointing_game"]["overall"]
     print(f"{len(runs)} run(s); AUROC vs Pointing Game: {overall['n']} points, R² = {r2_text(overall['r2'], overall['n'])}")
     print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'report.json'}")
     return 0

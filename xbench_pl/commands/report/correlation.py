@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from xbench_pl.commands.report.figures import new_figure, wrapped
+from xbench_pl.commands.report.figures import new_figure, save, wrapped
 from xbench_pl.commands.report.page import Section
 from xbench_pl.commands.report.runs import Run
 from xbench_pl.commands.report.tables import cell
@@ -112,7 +112,7 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     ax.grid(alpha=0.3)
     if points:  # below the axes: over them it would hide points
         fig.legend(fontsize=7, loc="outside lower center", ncols=columns, markerscale=0.8)
-    fig.savefig(path)
+    save(fig, path)
     return fig, {"points": len(points), "slope": fit and fit[0], "intercept": fit and fit[1], "r2": fit and fit[2]}
 
 
@@ -140,7 +140,7 @@ def figure_dice_gap(runs: list[Run], path: Path):
     ax.set_title("Calibration gap: Dice at the fixed threshold vs at the best one", fontsize=9)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     ax.grid(alpha=0.3, axis="x")
-    fig.savefig(path)
+    save(fig, path)
     return fig
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from xbench_pl.commands.report.figures import new_figure, wrapped
+from xbench_pl.commands.report.figures import new_figure, save, wrapped
 from xbench_pl.commands.report.page import Section
 from xbench_pl.commands.report.runs import Run, datasets
 from xbench_pl.commands.report.tables import LONG, SHORT, cell, mean, spread
@@ -124,7 +124,7 @@ def figure_explainers(grid: dict, path: Path, metric: str = "pointing_game"):
     fig.suptitle(f"Is it the model or the map? {LONG[metric]} per model and explainer", fontsize=9)
     handles = [Patch(color=colours(j), label=explainer) for j, explainer in enumerate(explainers)]
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=min(5, len(explainers)))
-    fig.savefig(path)
+    save(fig, path)
     return fig
 
 

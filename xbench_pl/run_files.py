@@ -41,7 +41,7 @@ from xbench_pl.data.errors import Problem
 from xbench_pl.data.groups import UNKNOWN
 from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
-from xbench_pl.outputs import REPLICATES_FILE, split_replicates, write_results
+from xbench_pl.outputs import REPLICATES_FILE, OutputFolder, split_replicates, write_results
 
 #: the console table's columns unless ``--columns`` says otherwise: the README's (the paper's) eight keys and
 #: the grounding denominator; ``metrics.md`` and ``metrics.json`` keep every column
@@ -286,8 +286,9 @@ def build_report(model: str, results: dict[str, dict], problems: dict[str, list]
     return report
 
 
-def write_report(report: dict, out_dir: str | Path) -> Path:
-    """``metrics.json`` and ``metrics.md``, and the bootstrap replicates apart in ``REPLICATES_FILE`` (where kept)."""
+def write_report(report: dict, out_dir: str | Path | OutputFolder) -> Path:
+    """``metrics.json`` and ``metrics.md``, and the bootstrap replicates apart in ``REPLICATES_FILE`` (where kept),
+    into ``out_dir`` (``write_results``); the folder they are in."""
     readable, replicates = split_replicates(report)
     files = {"metrics.json": json.dumps(readable, indent=2) + "\n", "metrics.md": render_markdown(readable)}
     if replicates:
@@ -295,7 +296,7 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     return write_results(out_dir, files)
 
 
-def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str | None = None) -> Path:
+def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: list[str] | str | None = None) -> Path:
     """``write_report``, then print the per-dataset table (``console_table``) and ``problem_summary`` (what
     every command ends with)."""
     out = write_report(report, out_dir)
@@ -318,7 +319,7 @@ def publish_report(report: dict, out_dir: str | Path, columns: list[str] | str |
 
 
 def score_host() -> SimpleNamespace:
-    """What ``report.provenance`` reads of a trainer, for a run without one (one CPU process)."""
+    """What ``provenance`` reads of a trainer, for a run without one (one CPU process)."""
     from lightning.pytorch.accelerators import CPUAccelerator
 
     return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
@@ -326,7 +327,7 @@ def score_host() -> SimpleNamespace:
 
 
 def publish_scores(out: str, started: float, scored_from: str, columns: list[str] | str | None = None, **report) -> Path:
-    """Write and print the report (``report.build_report`` arguments) of a run scored without a model:
+    """Write and print the report (``build_report`` arguments) of a run scored without a model:
     one CPU process, ``scored_from`` the store or maps folder; ``columns`` as ``publish_report``'s."""
     report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
     return publish_report(report, out, columns)
