@@ -39,8 +39,8 @@ def test_help_of_the_commands_without_a_model_loads_neither_lightning_nor_torch(
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--model", "nope", "--data", "demo"], "error: unknown model 'nope'; available: ["),
-    (["--model", "center", "--data", "nope"], "error: unknown dataset 'nope'; available: ["),
+    (["--model", "nope", "--data", "demo"], "error: --model: unknown model 'nope'; available: ["),
+    (["--model", "center", "--data", "nope"], "error: --data: unknown dataset 'nope'; available: ["),
     (["--model", "center", "--data", "nih_bbox", "--data.root", "/no/such/folder"], "error: --data.root: /no/such/folder: no such folder"),
     (["--model", "center", "--data", "demo", "--out", "/proc/version/out"], "error: --out /proc/version/out: "),
     (["--model", "center", "--data", "demo", "--data.batch_size", "0"], "error: --data.batch_size: must be > 0, got 0"),

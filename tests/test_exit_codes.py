@@ -44,7 +44,7 @@ def error_paths(f: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["test", "--model", "center", *demo, "--columns", "bogus"], "--columns"),
         (["test", "--model", "center", *demo, "--ckpt_path", str(root / "a_file")], "--ckpt_path"),
         (["fit", "--model", "center", *demo, "--data.val_fraction", "1.5"], "--data.val_fraction"),
-        (["score", "--predictions", str(root / "missing")], str(root / "missing" / "manifest.json")),
+        (["score", "--predictions", str(root / "missing")], f"--predictions {root / 'missing'}"),
         (["score", "--predictions", str(f["truncated"]), "--out", out], str(f["shard"])),
         (["score", "--predictions", str(f["store"]), "--columns", "bogus"], "--columns"),
         (["score", "--predictions", str(f["store"]), "--normalize", "bogus"], "--normalize"),

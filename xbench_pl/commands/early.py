@@ -85,7 +85,7 @@ def trainer_problem(argv: list[str]) -> str | None:
             try:
                 paths[flag] = config_path(kind, value)
             except UnknownName as error:
-                return str(error)
+                return f"{flag}: {error}"
     if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
         return None
     root = take_option(argv, "--data.root")[0]
