@@ -68,3 +68,15 @@ def real_cxr() -> Path:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message}: CI must run the real-sample tests", pytrace=False)
     pytest.skip(message)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` tests need a CUDA GPU: skipped where torch sees none (``pytest -m cuda`` runs them)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
