@@ -33,3 +33,22 @@ class RandomIntensityModel(IntensityModel):
         super().__init__(**kwargs)
         if random_init:
             self.warn_random_weights()
+
+
+class LinearIntensityModel(IntensityModel):
+    """``IntensityModel`` through a trainable 1 x 1 linear map (identity at start) applied to its maps and score logits:
+    under autocast (``--trainer.precision bf16-mixed``/``16-mixed``) its scores and maps come out in bf16/fp16."""
+
+    TRAINABLE = (r"^mix\.",)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mix = torch.nn.Linear(1, 1)
+        torch.nn.init.ones_(self.mix.weight)
+        torch.nn.init.zeros_(self.mix.bias)
+
+    def zero_shot(self, images, classes):
+        output = super().zero_shot(images, classes)
+        saliency = self.mix(output.saliency[..., None])[..., 0]
+        scores = torch.sigmoid(self.mix(torch.logit(output.scores, eps=1e-6)[..., None])[..., 0])
+        return ZeroShotOutput(scores=scores, saliency=saliency)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+from typing import get_args
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from test_cli import cli, in_process
 
@@ -55,7 +57,7 @@ def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path):
      "(its options: python -m xbench_pl test --model.help xbench_pl.models.baselines.CenterBaseline)"),
     (["--model", "no.such.Model", "--data", "demo"], "error: --model: cannot import no.such.Model: No module named 'no'"),
     (["--model", "center", "--data", "demo", "--trainer.devices", "x"],
-     "error: --trainer: `devices` selected with `CPUAccelerator` should be an int > 0."),
+     "error: --trainer.devices: `devices` selected with `CPUAccelerator` should be an int > 0."),
     (["--model", "center", "--data", "demo", "--bogus"], "error: unrecognized arguments: --bogus (see python -m xbench_pl test --help)"),
     (["--model", "center"], "error: the following arguments are required: --data"),
     (["--model", "center", "--data", "demo", "--data.split_file", "/no/ids.txt"], "error: /no/ids.txt: split file not found"),
@@ -64,6 +66,47 @@ def test_user_error_lines(capsys, argv, line):
     code, _, err = run(capsys, "test", *argv)
     assert (code, err.strip().splitlines()[-1]) == (2, line)
     assert "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU that is not there")
+def test_a_gpu_that_is_not_there_is_one_line_before_the_model_loads():
+    """The README's GPU command on a machine without one: one line, exit 2, before the model (a missing checkpoint
+    here) or the data (no root) is touched."""
+    result = cli("test", "--model", "clip", "--model.checkpoint", "/no/ViT-B-16.pt", "--data", "nih_bbox",
+                 "--trainer.accelerator", "gpu", "--trainer.devices", "8", "--trainer.strategy", "ddp")
+    assert (result.returncode, result.stderr) == (2, "error: --trainer.accelerator: no gpu device on this machine (available here: cpu)\n")
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("accelerator", "cuda", "no cuda device on this machine"),
+    ("accelerator", "tpu", "torch_xla"),
+    ("accelerator", "bogus", "invalid accelerator name"),
+    ("devices", "-2", "should be an int > 0"),
+    ("num_nodes", "0", "must be a positive integer"),
+    ("strategy", "bogus", "invalid strategy name"),
+    ("strategy", "fsdp", "requires a GPU accelerator"),
+    ("precision", "transformer-engine", "transformer_engine"),
+])
+def test_trainer_configuration_errors_name_the_option_before_model_or_data(capsys, option, value, says):
+    if option == "accelerator" and value == "cuda" and torch.cuda.is_available():
+        pytest.skip("asks for a GPU that is not there")
+    code, _, err = run(capsys, "test", "--model", "clip", "--model.checkpoint", "/no/ViT-B-16.pt", "--data", "nih_bbox",
+                       f"--trainer.{option}", value)
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[-1].startswith(f"error: --trainer.{option}: ") and says in lines[-1], err
+    assert "Traceback" not in err and "checkpoint not found" not in err and "root not set" not in err
+
+
+@pytest.mark.parametrize("value", ["13", "bf17"])
+def test_a_bad_precision_lists_every_value_lightning_accepts(capsys, value):
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    code, _, err = run(capsys, "test", "--model", "center", "--data", "demo", "--trainer.precision", value)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("error: --trainer.precision: expected one of ") and line.endswith(f"got '{value}'")
+    accepted = re.findall(r"[\w-]+", line.partition("expected one of ")[2].rpartition(", got")[0])
+    assert {"bf16-mixed", "16-mixed", "32-true", "bf16-true", "64-true"} <= set(accepted)
+    assert set(accepted) - {"or"} == set(get_args(_PRECISION_INPUT_STR)) | set(get_args(_PRECISION_INPUT_STR_ALIAS))
 
 
 def test_corrupt_image_and_missing_pooled_folder(capsys, nih, tmp_path):

@@ -404,10 +404,10 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
     return fed
 
 
-def metrics_replayer(datamodule: XBenchDataModule, **settings) -> Replayer:
-    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) holding the metrics of every dataset of
+def metrics_replayer(datamodule: XBenchDataModule, device: torch.device | str = "cpu", **settings) -> Replayer:
+    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) on ``device`` holding the metrics of every dataset of
     ``datamodule``, created in the order a test run creates them."""
-    replayer = Replayer(**settings)
+    replayer = Replayer(**settings).to(device)
     for spec in datamodule.dataset_specs:
         replayer.add_dataset(spec.name, spec.classes)
     return replayer
@@ -419,18 +419,19 @@ def compute_tables(replayer: Replayer) -> dict[str, dict]:
         return {name: table.compute() for name, table in replayer.benchmark.items()}
 
 
-def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> Replayer:
-    """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store; ``metrics``:
+def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64,
+                 device: torch.device | str = "cpu") -> Replayer:
+    """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store, on ``device``; ``metrics``:
     ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
     good = store.load_intact()
-    replayer = metrics_replayer(datamodule, **metrics)
+    replayer = metrics_replayer(datamodule, device, **metrics)
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
         seen: set[str] = set()
         progress = ProgressLines(f"{child.name} from {store.root}", len(dataset), "images", after=QUIET_SECONDS)
         for shard in good:
             if shard["dataset"] == child.name:
-                fed = replay(replayer, dataset, shard, skip=seen, chunk=chunk)
+                fed = replay(replayer, dataset, shard, skip=seen, device=device, chunk=chunk)
                 seen.update(fed)
                 progress.step(len(fed))
         missing = [r.image_id for r in dataset.records if r.image_id not in seen]
@@ -440,9 +441,10 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
     return replayer
 
 
-def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64) -> dict[str, dict]:
-    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store``)."""
-    return compute_tables(replay_store(store, datamodule, metrics, chunk))
+def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64,
+            device: torch.device | str = "cpu") -> dict[str, dict]:
+    """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store`` on ``device``)."""
+    return compute_tables(replay_store(store, datamodule, metrics, chunk, device))
 
 
 def model_name(stored: dict) -> str:

@@ -9,6 +9,7 @@ import re
 import traceback
 from argparse import ArgumentError
 from pathlib import Path
+from typing import get_args
 
 from xbench_pl.commands.arguments import PROG, TRAINER_COMMANDS
 from xbench_pl.registry import UnknownName
@@ -107,7 +108,17 @@ def argument_message(error: ArgumentError, command: str) -> str:
     if message.startswith("unrecognized arguments"):
         message += f" (see {PROG} {command} --help)"
     option = "--" + ".".join(keys) if keys else ""
+    got = re.search(r"got ('.*')$", message)
+    if option == "--trainer.precision" and got:  # jsonargparse names one of the Literals of its Union only
+        message = f"expected one of {precision_values()}, got {got.group(1)}"
     return f"{option}: {message}" if option else message
+
+
+def precision_values() -> str:
+    """Every ``--trainer.precision`` value Lightning accepts: its names, then their short aliases."""
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    return f"{', '.join(get_args(_PRECISION_INPUT_STR))} (or {', '.join(get_args(_PRECISION_INPUT_STR_ALIAS))})"
 
 
 def user_error_message(error: BaseException, command: str) -> str | None:

@@ -108,6 +108,7 @@ SHARED_HELP = {
     "--fixed_threshold T": "the fixed Dice/IoU threshold, on the grid 0, 0.01, ..., 1",
     "--score_threshold T": "the threshold on scores for F1 and Hamming accuracy, in [0, 1]",
     "--chunk N": "images replayed per metric update at most (default: 64; fewer for large maps)",
+    "--device D": "where the maps are warped and judged: cpu (default) or cuda[:N]",
     "--columns all|KEY,...": "the printed table's columns (default: the paper's and n_regions; metrics.md has all)",
 }
 #: the metric settings a score run can change (``build_parser`` gives their types)
@@ -126,11 +127,25 @@ def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: d
         parser.add_argument(f"--{name}", type=Optional[kind], default=metric_defaults.get(name),
                             help=f"metric setting (default: the run's, {metric_defaults.get(name)!r})")
     parser.add_argument("--chunk", type=int, default=64, help="images replayed per metric update at most (fewer for large maps)")
+    parser.add_argument("--device", default="cpu", help="where the maps are warped and judged: cpu or cuda[:N]")
     return parser
 
 
 class UsageProblem(ValueError):
     """A command-line problem with a store or its options (the command prints it and exits 2)."""
+
+
+def checked_device(name: str):
+    """``--device``: a torch device that is there."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise UsageProblem(f"--device: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageProblem("--device: no cuda device on this machine (torch.cuda.is_available() is False); use cpu")
+    return device
 
 
 def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
@@ -209,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         columns, rest = take_columns(rest)
         run = open_store(folder, rest)
+        device = checked_device(run.args.device)
     except (UsageProblem, DataError) as error:  # DataError: the datamodule's arguments
         print(f"error: {error}", file=sys.stderr)
         return 2
     check_writable({"--out": run.args.out})
     try:
-        results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk)
+        results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk, device)
     except (DataError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ fine-tunes on the dataset's training split, validates every epoch with the bench
 and writes ``OUT/checkpoints/last.ckpt`` (the trained tensors and a fingerprint of the base weights:
 ``test --ckpt_path`` with the same ``--model`` loads it), ``OUT/split.csv`` and ``OUT/fit.json``.
 
-Before any model or data is built, every folder the run writes is checked (``xbench_pl.outputs``;
+Before any model or data is built, the Trainer's hardware options are checked (a GPU that is not there, bad
+``--trainer.devices``, ``strategy`` or ``precision``), every folder the run writes is checked (``xbench_pl.outputs``;
 a ``WandbLogger`` writes under ``--out``, or ``WANDB_DIR`` when set) and a ``--ckpt_path`` is read:
 a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line.
 """
@@ -48,6 +49,8 @@ NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``--ckpt_path`` values that Lightning resolves itself (not a file)
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
+#: the Trainer's hardware options, in the order Lightning's ``_AcceleratorConnector`` resolves them
+HARDWARE_OPTIONS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
 #: trainable parameters are counted in the closing lines, not in Lightning's model summary
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
@@ -120,6 +123,33 @@ def output_folders(config) -> dict[str, str]:
     return folders
 
 
+def check_hardware(trainer) -> None:
+    """Lightning's own check of the Trainer's hardware options (``HARDWARE_OPTIONS``: its ``_AcceleratorConnector``, the
+    first thing a Trainer builds), before any model or data is built: a GPU that is not there, bad devices, an unknown or
+    unusable strategy or precision is a ``UsageError`` naming the first option that fails. Options given as classes
+    (not plain values) are left to the Trainer."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    given = {}
+    for option in HARDWARE_OPTIONS:
+        value = trainer.get(option)
+        if value is None or not isinstance(value, (str, int, list)):
+            continue
+        given[option] = value
+        try:
+            with warnings.catch_warnings():  # the Trainer warns (16-mixed on CPU ...) when it is built
+                warnings.simplefilter("ignore")
+                _AcceleratorConnector(**given)
+        except Exception as error:  # Lightning raises ValueError, TypeError, MisconfigurationException, ModuleNotFoundError
+            message = " ".join(str(error).split())
+            known = value in AcceleratorRegistry or value == "gpu"
+            if option == "accelerator" and known and not isinstance(error, ModuleNotFoundError):  # that one says what to install
+                here = [name for name, entry in AcceleratorRegistry.items() if entry["accelerator"].is_available()]
+                message = f"no {value} device on this machine (available here: {', '.join(here)})"
+            raise UsageError(f"--trainer.{option}: {message}") from error
+
+
 def report_config(settings: dict) -> dict:
     """The config ``metrics.json`` records (and a prediction store's manifest): model, data, precision,
     and the checkpoint whose weights replaced the model's (``--ckpt_path``, only when given)."""
@@ -179,11 +209,12 @@ class XBenchCLI(LightningCLI):
         parser.link_arguments("out", "trainer.default_root_dir")
 
     def parse_arguments(self, parser, args) -> None:
-        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): ``--columns``
-        known, W&B's directory under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a
+        """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): the Trainer's
+        hardware options usable here (``check_hardware``), ``--columns`` known, W&B's directory under ``--out``, every output folder writable, and a ``--ckpt_path`` that is a
         readable checkpoint of this ``--model``."""
         super().parse_arguments(parser, args)
         config = self.config[self.config["subcommand"]]
+        check_hardware(config.trainer)
         try:
             self.columns = parse_columns(config.get("columns"))
         except ValueError as error:

@@ -3,7 +3,10 @@
 A model subclasses ``ZeroShotModel``, sets ``self.preprocess`` (its own input spec) and
 implements ``zero_shot``. ``test_step`` maps each saliency map back to its original image
 through the batch's affine and feeds the benchmark metrics; nothing model-specific there. It
-returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never recompute).
+returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never recompute). Under
+``--trainer.precision 16-mixed|bf16-mixed`` the forward runs under autocast; its scores and maps are promoted
+to float32 once (``ZeroShotOutput.promoted``) and everything after it (warp, metrics, callbacks, the prediction
+store) runs outside autocast, so no metric arithmetic runs in bf16/fp16.
 
 Fine-tuning (``python -m xbench_pl fit``) is shared too: ``training_step`` (binary cross-entropy of
 the model's logits against the labels), ``validation_step`` (``test_step``'s own path into separate
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import get_args
 
@@ -65,6 +68,13 @@ class ZeroShotOutput:
     scores: torch.Tensor
     saliency: torch.Tensor
     logits: torch.Tensor | None = None
+
+    def promoted(self) -> ZeroShotOutput:
+        """This output with its float16/bfloat16 tensors (a reduced-precision forward's) in float32; others as they are."""
+        def up(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+        return ZeroShotOutput(up(self.scores), up(self.saliency), up(self.logits))
 
 
 @dataclass
@@ -276,7 +286,14 @@ class ZeroShotModel(L.LightningModule):
             self.add_dataset(spec.name, spec.classes)
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
-        output = self.batch_output(batch)
+        output = self.batch_output(batch).promoted()  # a 16-mixed/bf16-mixed forward's scores and maps: float32, once
+        device = output.scores.device.type
+        # Lightning runs the step under autocast: the warp and the metrics take the dtypes they ask for, never bf16/fp16
+        with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
+            return self.update_metrics(batch, output)
+
+    def update_metrics(self, batch: Batch, output: ZeroShotOutput) -> TestStepOutput:
+        """``test_step``'s judging of ``output``: checks, the warp to the eval grid and the metric update."""
         b, c = batch.labels.shape
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
             raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "
