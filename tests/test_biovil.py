@@ -202,6 +202,8 @@ def test_cli_random_init_on_the_demo(files, tmp_path):
     assert "RANDOM weights" in result.stdout + result.stderr
 
 
-def test_cli_needs_the_text_folder(tmp_path):
-    result = in_process("test", "--model", "biovil", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+def test_cli_needs_the_text_folder_with_a_checkpoint(tmp_path):
+    (tmp_path / "image.pt").write_bytes(b"")  # weights given: the text folder is too (random_init without both: stand-ins)
+    result = in_process("test", "--model", "biovil", "--model.checkpoint", str(tmp_path / "image.pt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "microsoft/BiomedVLP-CXR-BERT-specialized" in result.stderr
