@@ -89,11 +89,11 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["kad_224", "kad_512", "devide", "medklip", "mavl", "carzero"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokenizer", default=None, help="Med-KEBERT tokenizer folder (default: a generated one)")
+    parser.add_argument("--text", default=None, help="Med-KEBERT tokenizer folder (default: a generated one)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*RANDOM weights.*")
     scratch = Path(tempfile.mkdtemp())
-    tokenizer = args.tokenizer or write_tokenizer(scratch / "tokenizer")
+    tokenizer = args.text or write_tokenizer(scratch / "tokenizer")
     kwargs = {name: {"text": tokenizer} for name in args.models}
     if {"medklip", "mavl"} & set(args.models):
         kwargs.update({k: v for k, v in medklip_family_files(scratch).items() if k in args.models})
