@@ -76,7 +76,8 @@ def resolve_names(argv: list[str]) -> list[str]:
             value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
             out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
         elif kind and value:
-            out += [flag, str(config_path(kind, value)) if is_name(value) else renamed_model_config(value) if kind == "models" else value]
+            given = str(config_path(kind, value)) if is_name(value) else value
+            out += [flag, renamed_model_config(given) if kind == "models" and given == value else given]
             if flag == "--model" and not value.startswith("{"):  # a class path or file names the model too
                 out += ["--model_name", value]
         else:
