@@ -6,10 +6,11 @@ dataset is one module plus one such file; the CLI and ``create_*`` find it by it
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import yaml
+
+from xbench_pl.console import note
 
 _PACKAGE = Path(__file__).resolve().parent
 # repo checkout (editable install) first, then the copy a wheel carries
@@ -70,13 +71,13 @@ RENAMED_ARGS = {"tokenizer": "text", "text_encoder": "text"}
 
 def renamed_args(init_args: dict, spelling: str = "{}=", where: str = "") -> dict:
     """``init_args`` with each old name of ``RENAMED_ARGS`` replaced by the new one, and one ``note:`` line per
-    rename on stderr, naming both as the user wrote them (``spelling``: ``"--model.{}"`` on the command line;
+    rename on stderr (rank zero), naming both as the user wrote them (``spelling``: ``"--model.{}"`` on the command line;
     ``where``: the file they came from)."""
     renamed = {}
     for key, value in init_args.items():
         new = RENAMED_ARGS.get(key, key)
         if new != key:
-            print(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}", file=sys.stderr)
+            note(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}")
             if new in init_args:
                 raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: give {spelling.format(new)} only")
         renamed[new] = value
