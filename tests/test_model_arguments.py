@@ -59,6 +59,11 @@ def test_every_model_builds_with_random_init_and_no_file(name, tmp_path, monkeyp
         assert len(said) == 1 and f"stand-in {' and '.join(model.stand_ins)}" in said[0]
 
 
+def test_files_are_still_required_without_random_init():
+    with pytest.raises(ValueError, match="reader needs annotations=FILE"):
+        xbench_pl.create_model("reader")
+
+
 def test_stand_in_tokenizers_have_the_real_layout():
     for hub_id, layout in LAYOUTS.items():
         tokenizer = stand_in_tokenizer(f"hf/{hub_id}")
