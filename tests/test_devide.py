@@ -160,7 +160,9 @@ def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
 
 
 def test_cli_devide_needs_a_local_tokenizer(tmp_path):
-    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    (tmp_path / "devide.pt").write_bytes(b"")  # weights given: the tokenizer folder is too (random_init without both: a stand-in)
+    result = in_process("test", "--model", "devide", "--model.checkpoint", str(tmp_path / "devide.pt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "Med-KEBERT" in result.stderr
 
 

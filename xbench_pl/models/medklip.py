@@ -101,9 +101,9 @@ TEXT_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_Clinical
 ARCHITECTURE_KEYS = ("image", "projection", "text", "decoder", "concepts", "entities", "findings", "preprocess")
 
 
-def read_architecture(architecture: str) -> tuple[dict, Path]:
-    """The architecture dict of a shipped name (``medklip``, ``mavl``) or a JSON file, and its folder."""
-    return read_architecture_file(architecture, ARCHITECTURE_KEYS, "MedKLIP-family")
+def read_architecture(architecture: str) -> dict:
+    """The architecture dict of a shipped name (``medklip``, ``mavl``) or a JSON file."""
+    return read_architecture_file(architecture, ARCHITECTURE_KEYS, "MedKLIP-family")[0]
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ class MedKLIP(ZeroShotModel):
         architecture = sized_architecture(architecture, image_size, self.INPUT_SIZES, type(self).__name__)
         weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})",
                                   f"a local copy of the authors' {self.RELEASED}")
-        config, base = read_architecture(architecture)
+        config, base = read_architecture_file(architecture, ARCHITECTURE_KEYS, "MedKLIP-family")
         self.architecture = architecture
         self.config = config
         self.concepts = tuple(config["concepts"])
