@@ -39,7 +39,7 @@ EXTRA = {"Report A": cr.EXTRA_PROMPTS[0], "Report B": cr.EXTRA_PROMPTS[1]}
 def official_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("carzero")
     checkpoint = cr.write_lightning_checkpoint(folder / "CARZero_best_model.ckpt", seed=0)
-    tokenizer = cr.write_text_folder(folder / "BioClinicalMPBERT")
+    tokenizer = cr.write_text_encoder_folder(folder / "BioClinicalMPBERT")
     return {"checkpoint": checkpoint, "tokenizer": tokenizer}
 
 
@@ -180,7 +180,7 @@ def tiny_config(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> str:
-    return str(cr.write_text_folder(tmp_path_factory.mktemp("bert")))
+    return str(cr.write_text_encoder_folder(tmp_path_factory.mktemp("bert")))
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def builders(tmp_path_factory):
     knowledge = ref_data.write_knowledge(root / "knowledge")
     bert = str(ref_data.write_bert_folder(root / "bert", seed=0))
     med_kebert = str(kad_reference.write_tokenizer(root / "med_kebert"))
-    carzero_bert = str(cr.write_text_folder(root / "carzero_bert"))
+    carzero_bert = str(cr.write_text_encoder_folder(root / "carzero_bert"))
     biomedclip = root / "biomedclip"
     biomedclip.mkdir()
     import transformers
