@@ -79,7 +79,8 @@ def renamed_args(init_args: dict, spelling: str = "{}=", where: str = "") -> dic
         if new != key:
             note(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}")
             if new in init_args:
-                raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: give {spelling.format(new)} only")
+                raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: "
+                                 f"give {spelling.format(new)} only")
         renamed[new] = value
     return renamed
 

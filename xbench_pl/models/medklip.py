@@ -245,9 +245,11 @@ class TextEncoder:
         return {"input_ids": ids, "attention_mask": mask}
 
     def bert(self) -> BertModel:
-        if self._bert is None and self.folder is None:
-            build_weights(lambda: setattr(self, "_bert", BertModel.from_config_file(self.stand_in, add_pooling_layer=False).eval()),
-                          random_init=True)
+        if self._bert is None and self.folder is None:  # a stand-in: the shipped config, seeded random weights
+            def build() -> None:
+                self._bert = BertModel.from_config_file(self.stand_in, add_pooling_layer=False).eval()
+
+            build_weights(build, random_init=True)
         if self._bert is None:
             bert = BertModel.from_config_file(self.folder / "config.json", add_pooling_layer=False)
             bert.check_tokenizer(self.tokenizer, f"text encoder {self.folder}: vocab.txt", "config.json's vocab_size is too small")
@@ -380,7 +382,8 @@ class MedKLIP(ZeroShotModel):
         self.precomputed = None if query_embeddings is None else read_query_embeddings(local_file(
             query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings"))
         if text is None and weights is None:
-            self.text_encoder = self.stand_in("text encoder", TextEncoder(None, self.max_length, resolve_file(config["text"]["bert"], base)))
+            stand_in = TextEncoder(None, self.max_length, resolve_file(config["text"]["bert"], base))
+            self.text_encoder = self.stand_in("text encoder", stand_in)
         elif text is None and self.precomputed is None:
             text_folder(None)  # raises, naming what is needed
         else:
