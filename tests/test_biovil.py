@@ -172,7 +172,7 @@ def test_wrong_files_are_named(files, tmp_path):
     with pytest.raises(CheckpointError, match=r"pytorch_model.bin is not a BioViL image state dict"):
         BioViL("biovil", checkpoint=str(files["text"] / "pytorch_model.bin"), text=text)
     with pytest.raises(FileNotFoundError, match=r"needs a local copy of the hub folder microsoft/BiomedVLP-BioViL-T"):
-        BioViL("biovil_t", random_init=True)
+        BioViL("biovil_t", checkpoint=str(files["biovil_t"]))  # with weights, the text folder too (random_init: a stand-in)
     with pytest.raises(FileNotFoundError, match=r"holds no weights"):
         BioViL("biovil", checkpoint=str(files["biovil"]), text=str(files["text_config_only"]))
     with pytest.raises(FileNotFoundError, match=r"checkpoint file not found"):
