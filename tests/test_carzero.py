@@ -400,5 +400,7 @@ def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
 
 
 def test_cli_needs_a_local_tokenizer(tmp_path):
-    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    (tmp_path / "CARZero.ckpt").write_bytes(b"")  # weights given: the tokenizer folder is too (random_init without both: a stand-in)
+    result = in_process("test", "--model", "carzero", "--model.checkpoint", str(tmp_path / "CARZero.ckpt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "BioClinicalMPBERT" in result.stderr

@@ -209,7 +209,7 @@ def test_query_embeddings_are_cached_on_disk_per_text_encoder_and_texts(smoke, f
 def test_precomputed_rows_are_used_and_missing_texts_need_the_text_encoder(official, files):
     texts, _ = official.query_texts(CXR14)
     assert torch.equal(official.query_embeddings(texts), ref_data.query_book("medklip", 0))
-    with pytest.raises(ValueError, match="not in query_embeddings file and no text_encoder"):
+    with pytest.raises(ValueError, match="not in query_embeddings file and no text=DIR"):
         official.embed_texts(texts + ("an unseen description",))
 
 
