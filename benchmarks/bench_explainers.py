@@ -90,7 +90,7 @@ def model_options(names: list[str], folder: Path) -> dict[str, dict]:
     """create_model kwargs: bench_scale's stand-ins, and a BiomedCLIP tokenizer where asked for."""
     options = model_kwargs(names, folder)
     if "biomedclip" in names:
-        options["biomedclip"] = {"tokenizer": biomedclip_tokenizer(folder / "biomedbert")}
+        options["biomedclip"] = {"text": biomedclip_tokenizer(folder / "biomedbert")}
     return options
 
 

@@ -62,7 +62,7 @@ def medklip_family_files(folder: Path) -> dict[str, dict]:
     import medklip_mavl_reference as ref  # deterministic stand-ins in the authors' file layouts
 
     knowledge = ref.write_knowledge(folder / "knowledge")
-    common = {"text_encoder": str(ref.write_bert_folder(folder / "bert")), "query_cache": str(folder / "cache")}
+    common = {"text": str(ref.write_bert_folder(folder / "bert")), "query_cache": str(folder / "cache")}
     return {"medklip": {**common, "knowledge": str(knowledge["medklip_descriptions"])},
             "mavl": {**common, "knowledge": [str(knowledge["mavl_descriptions"]), str(knowledge["mavl_aspects"])]}}
 
@@ -89,16 +89,16 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["kad_224", "kad_512", "devide", "medklip", "mavl", "carzero"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokenizer", default=None, help="Med-KEBERT tokenizer folder (default: a generated one)")
+    parser.add_argument("--text", default=None, help="Med-KEBERT tokenizer folder (default: a generated one)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*RANDOM weights.*")
     scratch = Path(tempfile.mkdtemp())
-    tokenizer = args.tokenizer or write_tokenizer(scratch / "tokenizer")
-    kwargs = {name: {"tokenizer": tokenizer} for name in args.models}
+    tokenizer = args.text or write_tokenizer(scratch / "tokenizer")
+    kwargs = {name: {"text": tokenizer} for name in args.models}
     if {"medklip", "mavl"} & set(args.models):
         kwargs.update({k: v for k, v in medklip_family_files(scratch).items() if k in args.models})
     if "carzero" in args.models:
-        kwargs["carzero"] = {"tokenizer": carzero_tokenizer(scratch / "bioclinicalmpbert")}
+        kwargs["carzero"] = {"text": carzero_tokenizer(scratch / "bioclinicalmpbert")}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, batch {args.batch}, best of {args.repeats}")
     print("| model | input | queries | zero_shot img/s | bare image+decoder img/s | zero_shot / bare time | query embeddings: cold | new process (disk cache) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -36,11 +36,11 @@ def model_kwargs(names: list[str], scratch: Path) -> dict[str, dict]:
     kwargs = {name: {} for name in names}
     if any(n.startswith("kad") or n == "devide" for n in names):
         tokenizer = write_tokenizer(scratch / "tokenizer")
-        kwargs.update({n: {"tokenizer": tokenizer} for n in names if n.startswith("kad") or n == "devide"})
+        kwargs.update({n: {"text": tokenizer} for n in names if n.startswith("kad") or n == "devide"})
     if {"medklip", "mavl"} & set(names):
         kwargs.update({k: v for k, v in medklip_family_files(scratch).items() if k in names})
     if "carzero" in names:
-        kwargs["carzero"] = {"tokenizer": carzero_tokenizer(scratch / "bioclinicalmpbert")}
+        kwargs["carzero"] = {"text": carzero_tokenizer(scratch / "bioclinicalmpbert")}
     return kwargs
 
 

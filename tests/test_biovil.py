@@ -172,7 +172,7 @@ def test_wrong_files_are_named(files, tmp_path):
     with pytest.raises(CheckpointError, match=r"pytorch_model.bin is not a BioViL image state dict"):
         BioViL("biovil", checkpoint=str(files["text"] / "pytorch_model.bin"), text=text)
     with pytest.raises(FileNotFoundError, match=r"needs a local copy of the hub folder microsoft/BiomedVLP-BioViL-T"):
-        BioViL("biovil_t", random_init=True)
+        BioViL("biovil_t", checkpoint=str(files["biovil_t"]))  # with weights, the text folder too (random_init: a stand-in)
     with pytest.raises(FileNotFoundError, match=r"holds no weights"):
         BioViL("biovil", checkpoint=str(files["biovil"]), text=str(files["text_config_only"]))
     with pytest.raises(FileNotFoundError, match=r"checkpoint file not found"):
@@ -202,6 +202,8 @@ def test_cli_random_init_on_the_demo(files, tmp_path):
     assert "RANDOM weights" in result.stdout + result.stderr
 
 
-def test_cli_needs_the_text_folder(tmp_path):
-    result = in_process("test", "--model", "biovil", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+def test_cli_needs_the_text_folder_with_a_checkpoint(tmp_path):
+    (tmp_path / "image.pt").write_bytes(b"")  # weights given: the text folder is too (random_init without both: stand-ins)
+    result = in_process("test", "--model", "biovil", "--model.checkpoint", str(tmp_path / "image.pt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "microsoft/BiomedVLP-CXR-BERT-specialized" in result.stderr

@@ -47,7 +47,7 @@ def official_files(tmp_path_factory):
 def official(official_files):
     torch.manual_seed(123)  # weights come from the file: the global seed must not matter
     model = xbench_pl.create_model("carzero", checkpoint=str(official_files["checkpoint"]),
-                                   tokenizer=str(official_files["tokenizer"]), texts=EXTRA)
+                                   text=str(official_files["tokenizer"]), texts=EXTRA)
     reference = torch.load(DATA / "carzero_reference.pt", weights_only=True)
     images = cr.reference_images(seed=0, batch=2)
     ours, exact = forward(model, images, reference), forward(float64_twin(model), images.double(), reference)
@@ -185,7 +185,7 @@ def tokenizer_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_config, tokenizer_dir) -> CARZero:
-    return CARZero(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    return CARZero(tiny_config, random_init=True, text=tokenizer_dir)
 
 
 def authors_layout(model: CARZero, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -254,7 +254,7 @@ def tiny_checkpoint(tiny, tmp_path_factory) -> str:
 
 def test_tiny_lightning_checkpoint_round_trip(tiny, tiny_config, tiny_checkpoint, tokenizer_dir):
     torch.manual_seed(7)
-    loaded = CARZero(tiny_config, checkpoint=tiny_checkpoint, tokenizer=tokenizer_dir)
+    loaded = CARZero(tiny_config, checkpoint=tiny_checkpoint, text=tokenizer_dir)
     for key, value in tiny.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     images = torch.randn(2, 3, 32, 32)
@@ -267,7 +267,7 @@ def test_tiny_lightning_checkpoint_round_trip(tiny, tiny_config, tiny_checkpoint
 def test_trust_checkpoint_only_widens_what_is_refused(tiny, tiny_config, tiny_checkpoint, tokenizer_dir):
     """trust_checkpoint is used only for files the safe read refuses: the released layout is still
     read safely with it (no omegaconf needed), with the same weights."""
-    loaded = CARZero(tiny_config, checkpoint=tiny_checkpoint, tokenizer=tokenizer_dir, trust_checkpoint=True)
+    loaded = CARZero(tiny_config, checkpoint=tiny_checkpoint, text=tokenizer_dir, trust_checkpoint=True)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in tiny.state_dict().items())
     assert "omegaconf" not in sys.modules
 
@@ -286,7 +286,7 @@ def test_bad_checkpoints_name_the_file_and_the_key(edit, pattern, tiny, tiny_con
     edit(state)
     path = write_tiny_lightning(tmp_path / "bad.ckpt", state)
     with pytest.raises(CheckpointError, match=pattern) as error:
-        CARZero(tiny_config, checkpoint=path, tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=path, text=tokenizer_dir)
     assert path in str(error.value)
 
 
@@ -296,41 +296,42 @@ def test_wrong_files(tiny, tiny_config, tiny_checkpoint, tokenizer_dir, tmp_path
     torch.save({"model": {"decoder.layers.0.linear1.weight": torch.zeros(2, 2)}, "image_encoder": {"res_features.0.weight": torch.zeros(1)},
                 "text_encoder": {"bert_model.embeddings.word_embeddings.weight": torch.zeros(1)}, "epoch": 3}, kad)
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(kad))} is not a CARZero checkpoint.*image_encoder.*CARZero_best_model\.ckpt"):
-        CARZero(tiny_config, checkpoint=str(kad), tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=str(kad), text=tokenizer_dir)
     # a CLIP state dict
     clip = tmp_path / "clip.pt"
     torch.save({"visual.conv1.weight": torch.zeros(1), "visual.proj": torch.zeros(1)}, clip)
     with pytest.raises(CheckpointError, match=r"lack the 'CARZero\.' prefix.*looks like a CLIP"):
-        CARZero(tiny_config, checkpoint=str(clip), tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=str(clip), text=tokenizer_dir)
     # a truncated download
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(Path(tiny_checkpoint).read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {re.escape(str(truncated))}.*truncated"):
-        CARZero(tiny_config, checkpoint=str(truncated), tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=str(truncated), text=tokenizer_dir)
     # no checkpoint, a missing file, a download
     with pytest.raises(ValueError, match=r"needs checkpoint=.*CARZero_best_model\.ckpt"):
-        CARZero(tiny_config, tokenizer=tokenizer_dir)
+        CARZero(tiny_config, text=tokenizer_dir)
     with pytest.raises(FileNotFoundError, match=r"checkpoint file not found: .*nowhere\.ckpt"):
-        CARZero(tiny_config, checkpoint=str(tmp_path / "nowhere.ckpt"), tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=str(tmp_path / "nowhere.ckpt"), text=tokenizer_dir)
     with pytest.raises(ValueError, match="would download"):
-        CARZero(tiny_config, checkpoint="https://example.org/CARZero_best_model.ckpt", tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint="https://example.org/CARZero_best_model.ckpt", text=tokenizer_dir)
 
 
 def test_tokenizer_folder_is_required_and_named(tiny_config, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"needs the BioClinicalMPBERT tokenizer.*vocab\.txt.*tokenizer=None"):
-        CARZero(tiny_config, random_init=True)
+    (tmp_path / "weights.ckpt").write_bytes(b"")  # with a checkpoint the text folder is required (random_init: a stand-in)
+    with pytest.raises(FileNotFoundError, match=r"needs the BioClinicalMPBERT tokenizer.*vocab\.txt.*text=None"):
+        CARZero(tiny_config, checkpoint=str(tmp_path / "weights.ckpt"))
     with pytest.raises(FileNotFoundError, match=r"no such folder"):
-        CARZero(tiny_config, random_init=True, tokenizer=str(tmp_path / "missing"))
+        CARZero(tiny_config, random_init=True, text=str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"lacks \[.vocab\.txt or tokenizer\.json.\] \(holds \['config\.json'\]\).*Laihaoran/BioClinicalMPBERT"):
-        CARZero(tiny_config, random_init=True, tokenizer=str(tmp_path / "empty"))
+        CARZero(tiny_config, random_init=True, text=str(tmp_path / "empty"))
 
 
 def test_pickle_needing_unknown_classes_is_refused(tiny, tiny_config, tokenizer_dir, tmp_path):
     path = write_tiny_lightning(tmp_path / "extra.ckpt", authors_layout(tiny), extra={"when": __import__("datetime").date(2024, 1, 1)})
     with pytest.raises(CheckpointError, match=r"datetime\.date.*Nothing from the file was run.*--model\.trust_checkpoint true"):
-        CARZero(tiny_config, checkpoint=path, tokenizer=tokenizer_dir)
+        CARZero(tiny_config, checkpoint=path, text=tokenizer_dir)
 
 
 # -- text and preprocessing -------------------------------------------------------------------------
@@ -365,7 +366,7 @@ def test_preprocessing_as_trained():
 
 # -- random_init and the CLI ------------------------------------------------------------------------
 def test_random_init_is_deterministic_and_flagged(tiny, tiny_config, tokenizer_dir):
-    again = CARZero(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    again = CARZero(tiny_config, random_init=True, text=tokenizer_dir)
     assert tiny.random_weights and again.random_weights
     for key, value in tiny.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
@@ -376,7 +377,7 @@ def test_random_init_is_deterministic_and_flagged(tiny, tiny_config, tokenizer_d
 
 
 def test_text_cache_and_overrides(tiny_config, tokenizer_dir):
-    model = CARZero(tiny_config, random_init=True, tokenizer=tokenizer_dir, texts={"Nodule": "Small nodule in the left lung"})
+    model = CARZero(tiny_config, random_init=True, text=tokenizer_dir, texts={"Nodule": "Small nodule in the left lung"})
     assert model.prompt_for("Nodule") == "Small nodule in the left lung" and model.prompt_for("Mass") == "There is Pulmonary Mass"
     assert model.prompt_for("Lung Opacity") == "There is Lung Opacity"
     model.zero_shot(torch.randn(1, 3, 32, 32), ["Nodule", "Mass"])
@@ -386,7 +387,7 @@ def test_text_cache_and_overrides(tiny_config, tokenizer_dir):
 
 
 def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
-    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
+    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--model.text", tokenizer_dir,
                         "--model.architecture", tiny_config, "--model.trust_checkpoint", "false", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
@@ -399,5 +400,7 @@ def test_cli_random_init_end_to_end(tiny_config, tokenizer_dir, tmp_path):
 
 
 def test_cli_needs_a_local_tokenizer(tmp_path):
-    result = in_process("test", "--model", "carzero", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    (tmp_path / "CARZero.ckpt").write_bytes(b"")  # weights given: the tokenizer folder is too (random_init without both: a stand-in)
+    result = in_process("test", "--model", "carzero", "--model.checkpoint", str(tmp_path / "CARZero.ckpt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "BioClinicalMPBERT" in result.stderr

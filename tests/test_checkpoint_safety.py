@@ -213,7 +213,7 @@ def test_every_model_refuses_the_malicious_file_by_default(tiny_clip, tmp_path):
     config = tmp_path / "tiny_carzero.json"
     config.write_text(json.dumps(architecture))
     with pytest.raises(CheckpointError, match="write_marker"):
-        CARZero(str(config), checkpoint=str(path), tokenizer=str(cr.write_text_encoder_folder(tmp_path / "bert")))
+        CARZero(str(config), checkpoint=str(path), text=str(cr.write_text_encoder_folder(tmp_path / "bert")))
     assert not marker.exists()
 
 

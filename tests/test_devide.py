@@ -82,7 +82,7 @@ def test_vit_matches_timm_vision_transformer():
 
 def test_devide_architecture_and_checkpoint_layout(tokenizer_dir):
     with torch.device("meta"):
-        model = xbench_pl.create_model("devide", random_init=True, tokenizer=tokenizer_dir)
+        model = xbench_pl.create_model("devide", random_init=True, text=tokenizer_dir)
     assert type(model) is DeViDe and isinstance(model.project, torch.nn.Identity)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     vit = {k[len("image."):]: s for k, s in shapes.items() if k.startswith("image.")}
@@ -116,22 +116,22 @@ def test_registered_devide_config_and_provenance():
 
 # -- weights -------------------------------------------------------------------------------------
 def test_tiny_devide_checkpoint_round_trip_and_errors(tiny_config, tokenizer_dir, tmp_path):
-    model = DeViDe(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    model = DeViDe(tiny_config, random_init=True, text=tokenizer_dir)
     assert model.random_weights
     checkpoint = released_layout(model)
     checkpoint["image_encoder"]["vit.pooler.dense.weight"] = torch.zeros(32, 32)  # HF ViT pooler: tolerated, unused
     checkpoint["image_encoder"]["vit.pooler.dense.bias"] = torch.zeros(32)
     path = tmp_path / "devide.pt"
     torch.save(checkpoint, path)
-    loaded = DeViDe(tiny_config, checkpoint=str(path), tokenizer=tokenizer_dir)
+    loaded = DeViDe(tiny_config, checkpoint=str(path), text=tokenizer_dir)
     x = kad_reference.reference_images(64, seed=5)
     a, b = model.zero_shot(x, ["Pneumothorax", "Fracture"]), loaded.zero_shot(x, ["Pneumothorax", "Fracture"])
     assert torch.equal(a.scores, b.scores) and torch.equal(a.saliency, b.saliency) and a.saliency.shape == (2, 2, 4, 4)
     # a ResNet (KAD) checkpoint given to DeViDe names both layouts
-    resnet = KAD(write_json(tmp_path / "kad.json", tiny_architecture()), random_init=True, tokenizer=tokenizer_dir)
+    resnet = KAD(write_json(tmp_path / "kad.json", tiny_architecture()), random_init=True, text=tokenizer_dir)
     torch.save(released_layout(resnet), tmp_path / "kad.pt")
     with pytest.raises(CheckpointError, match=r"looks like a checkpoint with a ResNet-50 to layer3.*expects a ViT-B/16 image encoder"):
-        DeViDe(tiny_config, checkpoint=str(tmp_path / "kad.pt"), tokenizer=tokenizer_dir)
+        DeViDe(tiny_config, checkpoint=str(tmp_path / "kad.pt"), text=tokenizer_dir)
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
     """The registered full-size model, random weights, on 4 of the demo images (full-size forwards are slow)."""
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:4]
     (tmp_path / "split.csv").write_text("image_id\n" + "\n".join(ids) + "\n")
-    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--model.tokenizer", tokenizer_dir,
+    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--model.text", tokenizer_dir,
                         "--data", "demo", "--data.split_file", str(tmp_path / "split.csv"), "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
@@ -160,7 +160,9 @@ def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
 
 
 def test_cli_devide_needs_a_local_tokenizer(tmp_path):
-    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--data", "demo", "--out", str(tmp_path))
+    (tmp_path / "devide.pt").write_bytes(b"")  # weights given: the tokenizer folder is too (random_init without both: a stand-in)
+    result = in_process("test", "--model", "devide", "--model.checkpoint", str(tmp_path / "devide.pt"), "--data", "demo",
+                        "--out", str(tmp_path))
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "Med-KEBERT" in result.stderr
 
 
@@ -169,8 +171,8 @@ def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir
     KAD-style checkpoint file (random_init draws from a fixed seed): identical metrics."""
     architecture = write_json(tmp_path / "tiny_devide.json", tiny_devide_architecture())
     checkpoint = tmp_path / "devide_tiny.pt"
-    torch.save(released_layout(DeViDe(architecture, random_init=True, tokenizer=tokenizer_dir)), checkpoint)
-    common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.tokenizer", tokenizer_dir,
+    torch.save(released_layout(DeViDe(architecture, random_init=True, text=tokenizer_dir)), checkpoint)
+    common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.text", tokenizer_dir,
               "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
     one = in_process(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]

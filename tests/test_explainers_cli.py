@@ -37,7 +37,7 @@ def test_one_and_two_ddp_processes_give_identical_metrics(explainer, tokenizer_d
     so its metrics agree to 1e-7 relative, its counts exactly (docs/explainers.md)."""
     architecture = write_json(tmp_path / "tiny_devide.json", tiny_devide_architecture())
     a, b, _ = one_and_two_processes(tmp_path, "test", "--model", "devide", "--model.architecture", architecture,
-                                    "--model.tokenizer", tokenizer_dir, "--model.random_init", "true",
+                                    "--model.text", tokenizer_dir, "--model.random_init", "true",
                                     "--model.explainer", explainer, *DEMO)
     if explainer == "gradcam":
         assert a == b

@@ -89,15 +89,15 @@ def builders(tmp_path_factory):
         if name == "clip":
             return OpenCLIPModel(configs["clip"], random_init=True, **options)
         if name == "biomedclip":
-            return OpenCLIPModel(str(biomedclip), random_init=True, tokenizer=str(biomedclip), **options)
+            return OpenCLIPModel(str(biomedclip), random_init=True, text=str(biomedclip), **options)
         if name in ("kad", "devide"):
-            return (KAD if name == "kad" else DeViDe)(configs[name], random_init=True, tokenizer=med_kebert, **options)
+            return (KAD if name == "kad" else DeViDe)(configs[name], random_init=True, text=med_kebert, **options)
         if name == "carzero":
-            return CARZero(configs["carzero"], random_init=True, tokenizer=carzero_bert, **options)
+            return CARZero(configs["carzero"], random_init=True, text=carzero_bert, **options)
         if name == "medklip":
             return MedKLIP(configs["medklip"], random_init=True, knowledge=str(knowledge["medklip_descriptions"]),
-                           text_encoder=bert, **options)
-        return MAVL(configs["mavl"], random_init=True, knowledge=mavl_knowledge, text_encoder=bert, **options)
+                           text=bert, **options)
+        return MAVL(configs["mavl"], random_init=True, knowledge=mavl_knowledge, text=bert, **options)
 
     return build
 

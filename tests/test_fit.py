@@ -114,7 +114,7 @@ def test_fit_trains_only_the_selected_parameters_and_validates_each_epoch_afresh
 def test_frozen_batchnorm_stays_in_eval_and_an_untrainable_choice_is_refused(tmp_path):
     tokenizer = str(kad_reference.write_tokenizer(tmp_path / "tokenizer"))
     architecture = write_json(tmp_path / "kad.json", tiny_architecture())
-    model = KAD(architecture, random_init=True, tokenizer=tokenizer, bootstrap=0, lr=0.05)
+    model = KAD(architecture, random_init=True, text=tokenizer, bootstrap=0, lr=0.05)
     dm = DemoDataModule(batch_size=4, val_fraction=0.25, eval_size=64)
     start = copy.deepcopy(model.state_dict())
     fit = dict(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False, enable_checkpointing=False, **QUIET)
@@ -124,7 +124,7 @@ def test_frozen_batchnorm_stays_in_eval_and_an_untrainable_choice_is_refused(tmp
     assert any(name.endswith("running_mean") for name in start)
     assert not model.image.training and not model.decoder.training and model.mlp_head.training
     # KAD embeds its queries without gradients: a text parameter cannot train, and fit says so at once
-    text = KAD(architecture, random_init=True, tokenizer=tokenizer, bootstrap=0, trainable=[r"^text\.", r"^mlp_head\."])
+    text = KAD(architecture, random_init=True, text=tokenizer, bootstrap=0, trainable=[r"^text\.", r"^mlp_head\."])
     with pytest.raises(ValueError, match=r"trainable: \d+ selected parameter\(s\) get no gradient .*first: text\."):
         L.Trainer(**fit).fit(text, datamodule=dm)
 

@@ -27,7 +27,7 @@ def test_other_sizes_are_refused_before_any_file_is_needed(name, model):
 def test_kad_takes_the_variant_of_the_size(tmp_path):
     from kad_reference import write_tokenizer
 
-    model = xbench_pl.create_model("kad", image_size=224, random_init=True, tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    model = xbench_pl.create_model("kad", image_size=224, random_init=True, text=str(write_tokenizer(tmp_path / "tok")))
     assert model.architecture == "kad-224" and model.preprocess.size == 224
 
 

@@ -108,7 +108,7 @@ def tiny_config(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_config, tokenizer_dir) -> KAD:
-    return KAD(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    return KAD(tiny_config, random_init=True, text=tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_architecture_matches_released_checkpoint_layout(name, manifest, grid, o
     declared unused key; nothing of ours is left unloaded. Parameter counts as in models.md §1."""
     spec = json.loads((DATA / f"{manifest}_checkpoint_manifest.json").read_text())
     with torch.device("meta"):
-        model = xbench_pl.create_model(name, random_init=True, tokenizer=tokenizer_dir)
+        model = xbench_pl.create_model(name, random_init=True, text=tokenizer_dir)
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     released = {prefix + key: shape for part, prefix in (("image_encoder", "image."), ("text_encoder", "text."), ("model", ""))
                 for key, (shape, _dtype) in spec["keys"][part].items()}
@@ -182,7 +182,7 @@ def official(request, tmp_path_factory, tokenizer_dir):
     path = tmp_path_factory.mktemp(arch) / "best_valid.pt"
     torch.save(kad_reference.official_checkpoint(arch, seed=0), path)
     reference = torch.load(DATA / f"kad_reference_{arch[4:]}.pt", weights_only=True)
-    model = xbench_pl.create_model(arch, checkpoint=str(path), tokenizer=tokenizer_dir)
+    model = xbench_pl.create_model(arch, checkpoint=str(path), text=tokenizer_dir)
     return arch, path, model, reference
 
 
@@ -212,14 +212,14 @@ def test_released_file_checks(official, tmp_path):
     """The trained resolution is read from the file's config; a 512 file given to kad_224 says so."""
     arch, path, _, _ = official
     with pytest.raises(CheckpointError, match=r"trained at img_res 512 .* 'kad-1024' feeds 1024 px"):
-        xbench_pl.create_model("kad_1024", checkpoint=str(path), tokenizer=_tok(tmp_path))
+        xbench_pl.create_model("kad_1024", checkpoint=str(path), text=_tok(tmp_path))
     checkpoint = torch.load(path, weights_only=True)
     del checkpoint["config"]
     stripped = tmp_path / "no_config.pt"
     torch.save(checkpoint, stripped)
     del checkpoint
     with pytest.raises(CheckpointError) as error:
-        xbench_pl.create_model("kad_224", checkpoint=str(stripped), tokenizer=_tok(tmp_path))
+        xbench_pl.create_model("kad_224", checkpoint=str(stripped), text=_tok(tmp_path))
     message = str(error.value)
     assert str(stripped) in message and "image.project" not in message
     assert "project.0.weight (2048, 2048) != (1024, 1024)" in message
@@ -284,7 +284,7 @@ def test_resnet_tokens_are_row_major():
 
 # -- loading a KAD-style checkpoint --------------------------------------------------------------
 def test_tiny_checkpoint_round_trip(tiny, tiny_config, tiny_checkpoint, tokenizer_dir):
-    loaded = KAD(tiny_config, checkpoint=str(tiny_checkpoint), tokenizer=tokenizer_dir)
+    loaded = KAD(tiny_config, checkpoint=str(tiny_checkpoint), text=tokenizer_dir)
     assert not loaded.random_weights
     for key, value in tiny.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
@@ -316,7 +316,7 @@ def edit_checkpoint(source: Path, target: Path, edit) -> str:
 def test_bad_checkpoints_name_the_file_and_the_problem(edit, pattern, tiny_config, tiny_checkpoint, tokenizer_dir, tmp_path):
     path = edit_checkpoint(tiny_checkpoint, tmp_path / "bad.pt", edit)
     with pytest.raises(CheckpointError, match=pattern) as error:
-        KAD(tiny_config, checkpoint=path, tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint=path, text=tokenizer_dir)
     assert path in str(error.value)
 
 
@@ -325,22 +325,22 @@ def test_clip_weights_given_to_kad(tiny_config, tokenizer_dir, tmp_path):
     torch.save({"visual.conv1.weight": torch.zeros(8, 3, 16, 16), "visual.proj": torch.zeros(8, 4),
                 "text_projection": torch.zeros(4, 4), "logit_scale": torch.zeros(())}, path)
     with pytest.raises(CheckpointError, match=r"not a KAD-style checkpoint.*flat state dict of 4 tensors.*looks like a CLIP"):
-        KAD(tiny_config, checkpoint=str(path), tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint=str(path), text=tokenizer_dir)
 
 
 def test_truncated_checkpoint(tiny_config, tiny_checkpoint, tokenizer_dir, tmp_path):
     path = tmp_path / "truncated.pt"
     path.write_bytes(tiny_checkpoint.read_bytes()[: tiny_checkpoint.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {re.escape(str(path))}.*truncated"):
-        KAD(tiny_config, checkpoint=str(path), tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint=str(path), text=tokenizer_dir)
 
 
 def test_stage_4_checkpoint_given_to_a_stage_3_architecture(tiny_config, tokenizer_dir, tmp_path):
-    wide = KAD(write_json(tmp_path / "stage4.json", tiny_architecture(stage=4)), random_init=True, tokenizer=tokenizer_dir)
+    wide = KAD(write_json(tmp_path / "stage4.json", tiny_architecture(stage=4)), random_init=True, text=tokenizer_dir)
     path = tmp_path / "stage4.pt"
     torch.save(released_layout(wide), path)
     with pytest.raises(CheckpointError) as error:
-        KAD(tiny_config, checkpoint=str(path), tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint=str(path), text=tokenizer_dir)
     message = str(error.value)
     assert "project.0.weight (2048, 2048) != (1024, 1024)" in message and "image.layer4.0.conv1.weight" in message
     assert "this looks like a checkpoint with a ResNet-50 to layer4, 2048-channel tokens (kad_512 / kad_1024 layout)" in message
@@ -348,22 +348,23 @@ def test_stage_4_checkpoint_given_to_a_stage_3_architecture(tiny_config, tokeniz
 
 def test_missing_files_and_downloads_are_refused(tiny_config, tokenizer_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"vocab\.txt \(required\).*xmcmic/Med-KEBERT.*no such folder"):
-        KAD(tiny_config, random_init=True, tokenizer=str(tmp_path / "absent"))
+        KAD(tiny_config, random_init=True, text=str(tmp_path / "absent"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*empty lacks \[.vocab\.txt or tokenizer\.json.\]"):
-        KAD(tiny_config, random_init=True, tokenizer=str(tmp_path / "empty"))
-    with pytest.raises(FileNotFoundError, match=r"tokenizer=None"):
-        KAD(tiny_config, random_init=True)
+    with pytest.raises(FileNotFoundError, match=r"text folder .*empty lacks \[.vocab\.txt or tokenizer\.json.\]"):
+        KAD(tiny_config, random_init=True, text=str(tmp_path / "empty"))
+    (tmp_path / "weights.pt").write_bytes(b"")  # with a checkpoint the text folder is required (random_init: a stand-in)
+    with pytest.raises(FileNotFoundError, match=r"text=None"):
+        KAD(tiny_config, checkpoint=str(tmp_path / "weights.pt"))
     with pytest.raises(FileNotFoundError, match=r"checkpoint file not found: .*best_valid\.pt \(no such file\)"):
-        KAD(tiny_config, checkpoint=str(tmp_path / "best_valid.pt"), tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint=str(tmp_path / "best_valid.pt"), text=tokenizer_dir)
     with pytest.raises(ValueError, match="would download"):
-        KAD(tiny_config, checkpoint="https://example.org/best_valid.pt", tokenizer=tokenizer_dir)
+        KAD(tiny_config, checkpoint="https://example.org/best_valid.pt", text=tokenizer_dir)
     with pytest.raises(ValueError, match="needs checkpoint="):
-        KAD(tiny_config, tokenizer=tokenizer_dir)
+        KAD(tiny_config, text=tokenizer_dir)
     with pytest.raises(ValueError, match="unknown architecture 'kad-999'"):
-        KAD("kad-999", random_init=True, tokenizer=tokenizer_dir)
+        KAD("kad-999", random_init=True, text=tokenizer_dir)
     with pytest.raises(ValueError, match="query_set must be one of"):
-        KAD(tiny_config, random_init=True, tokenizer=tokenizer_dir, query_set="all")
+        KAD(tiny_config, random_init=True, text=tokenizer_dir, query_set="all")
 
 
 # -- queries ---------------------------------------------------------------------------------------
@@ -376,7 +377,7 @@ def test_authors_query_set_appends_other_findings(tiny):
 def test_scores_depend_on_the_decoded_set_not_on_the_request(tiny_config, tokenizer_dir):
     """Self-attention across queries: under the authors' set a finding's score is the same whatever
     else is requested from that set; decoding only the requested findings changes it."""
-    model = KAD(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    model = KAD(tiny_config, random_init=True, text=tokenizer_dir)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # spread the weights: BERT's N(0, 0.02) init makes every query alike
         for p in [*model.text.parameters(), *model.decoder.parameters(), *model.mlp_head.parameters()]:
@@ -394,7 +395,7 @@ def test_scores_depend_on_the_decoded_set_not_on_the_request(tiny_config, tokeni
 
 
 def test_text_override_and_duplicates(tiny_config, tokenizer_dir):
-    model = KAD(tiny_config, random_init=True, tokenizer=tokenizer_dir, query_set="requested",
+    model = KAD(tiny_config, random_init=True, text=tokenizer_dir, query_set="requested",
                 texts={"Mass": "mass", "Nodule/Mass": "mass"})
     assert model.query_texts(["Mass", "Nodule/Mass", "Lung Opacity"]) == (("mass", "lung opacity"), [0, 0, 1])
     out = model.zero_shot(images(), ["Mass", "Nodule/Mass"])
@@ -416,7 +417,7 @@ def test_query_embeddings_cached_per_texts_and_device_and_cleared_on_load(tiny, 
 
 
 def test_random_init_is_reproducible_and_flagged(tiny, tiny_config, tokenizer_dir):
-    again = KAD(tiny_config, random_init=True, tokenizer=tokenizer_dir)
+    again = KAD(tiny_config, random_init=True, text=tokenizer_dir)
     assert tiny.random_weights and again.random_weights
     assert all(torch.equal(a, b) for a, b in zip(tiny.state_dict().values(), again.state_dict().values()))
 

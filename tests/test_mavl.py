@@ -70,7 +70,7 @@ def test_architecture_matches_released_checkpoint_layout(files):
     19,654,220 parameters in the file."""
     spec = json.loads((DATA / "mavl_checkpoint_manifest.json").read_text())
     with torch.device("meta"), pytest.warns(UserWarning, match="RANDOM"):
-        model = xbench_pl.create_model("mavl", random_init=True, knowledge=files["knowledge"], text_encoder=str(files["bert"]))
+        model = xbench_pl.create_model("mavl", random_init=True, knowledge=files["knowledge"], text=str(files["bert"]))
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     mapped, ignored = released_keys(MAVL, spec)
     assert mapped == ours
@@ -151,7 +151,7 @@ def test_concept_book_equals_the_authors_book_code(files, tmp_path):
     tokens: truncated to [CLS] + 63 pieces as theirs."""
     text_ref = torch.load(DATA / "medklip_text_reference.pt", weights_only=True)
     with pytest.warns(UserWarning, match="RANDOM"):
-        model = MAVL(random_init=True, knowledge=files["knowledge"], text_encoder=str(files["bert"]), query_cache=str(tmp_path))
+        model = MAVL(random_init=True, knowledge=files["knowledge"], text=str(files["bert"]), query_cache=str(tmp_path))
     texts, _ = model.query_texts(["Pneumonia"])
     rows = [9 * ref_data.ENTITIES.index(e) + j for e in ("pneumonia", "obscure") for j in range(9)]
     assert [texts[r] for r in rows[::9]] == text_ref["mavl_descriptions"]
@@ -177,7 +177,7 @@ def test_unseen_finding_adds_nine_queries(official, files, tmp_path):
     aspects = tmp_path / "extra_aspects.json"
     aspects.write_text(json.dumps({"ild": [f"{a}: text" for a in ref_data.ASPECTS], "copd": ["border: only one"]}))
     model = MAVL(checkpoint=str(files["checkpoint"]), knowledge=[*files["knowledge"], str(extra), str(aspects)],
-                 text_encoder=str(files["bert"]), query_embeddings=str(files["book"]), query_cache=str(tmp_path / "c"))
+                 text=str(files["bert"]), query_embeddings=str(files["book"]), query_cache=str(tmp_path / "c"))
     out = model.zero_shot(ref_data.reference_images(0), ["ILD", "Pneumonia"])
     assert out.scores.shape == (2, 2) and out.saliency.shape == (2, 2, 14, 14)
     with pytest.raises(ValueError, match=r"exactly 8 aspect sentences per entity.*'copd' has 1 \(.*extra_aspects.json\)"):
@@ -222,7 +222,7 @@ def test_wrong_checkpoints_name_the_file_and_the_fix(files, tmp_path):
 def test_random_init_smoke_run(files):
     with pytest.warns(UserWarning, match="RANDOM"):
         model = xbench_pl.create_model("mavl", random_init=True, knowledge=files["knowledge"],
-                                       text_encoder=str(files["bert"]), query_cache=str(files["cache"]), score_mode="text")
+                                       text=str(files["bert"]), query_cache=str(files["cache"]), score_mode="text")
     assert model.random_weights
     out = model.zero_shot(ref_data.reference_images(2, batch=1), ["Pneumothorax", "Cardiomegaly", "Lung Opacity"])
     assert out.scores.shape == (1, 3) and ((out.scores >= 0) & (out.scores <= 1)).all()

@@ -24,7 +24,7 @@ import xbench_pl
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from xbench_pl.models import medklip as family
 from xbench_pl.models.checkpoints import CheckpointError
-from xbench_pl.models.medklip import MedKLIP, TextEncoder, save_query_embeddings, text_encoder_folder
+from xbench_pl.models.medklip import MedKLIP, TextEncoder, save_query_embeddings, text_folder
 from xbench_pl.registry import read_config
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -65,7 +65,7 @@ def official(files) -> MedKLIP:
 def smoke(files) -> MedKLIP:
     with pytest.warns(UserWarning, match="RANDOM weights"):
         return xbench_pl.create_model("medklip", random_init=True, knowledge=str(files["medklip_descriptions"]),
-                                      text_encoder=str(files["bert"]), query_cache=str(files["cache"]))
+                                      text=str(files["bert"]), query_cache=str(files["cache"]))
 
 
 def released_keys(model_class, spec: dict) -> tuple[dict[str, list[int]], list[str]]:
@@ -88,7 +88,7 @@ def test_architecture_matches_released_checkpoint_layout(files):
     spec = json.loads((DATA / "medklip_checkpoint_manifest.json").read_text())
     with torch.device("meta"), pytest.warns(UserWarning, match="RANDOM"):
         model = xbench_pl.create_model("medklip", random_init=True, knowledge=str(files["medklip_descriptions"]),
-                                       text_encoder=str(files["bert"]))
+                                       text=str(files["bert"]))
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert all(k.startswith("module.") for k in spec["keys"])
     mapped, ignored = released_keys(MedKLIP, spec)
@@ -148,7 +148,7 @@ def test_released_file_is_read_weights_only_with_cl_fc_accounted_for(files):
 # -- the query book: tokenizer, BERT, cache ------------------------------------------------------
 def test_text_encoder_equals_the_authors_tokenizer_and_book_code(files):
     reference = torch.load(DATA / "medklip_text_reference.pt", weights_only=True)
-    encoder = TextEncoder(text_encoder_folder(str(files["bert"])), 64)
+    encoder = TextEncoder(text_folder(str(files["bert"])), 64)
     tokens = encoder.tokenize(reference["medklip_texts"])
     assert torch.equal(tokens["input_ids"], reference["medklip_input_ids"])  # [CLS] + pieces, no [SEP], lower-cased
     assert torch.equal(tokens["attention_mask"], reference["medklip_attention_mask"])
@@ -175,8 +175,8 @@ def test_bio_clinicalbert_weight_layout_loads(files, tmp_path):
         (folder / name).write_bytes((files["bert"] / name).read_bytes())
     torch.save(bin_state, folder / "pytorch_model.bin")
     texts = ref_data.text_samples()["medklip"]
-    ours = TextEncoder(text_encoder_folder(str(folder)), 64)
-    expected = TextEncoder(text_encoder_folder(str(files["bert"])), 64)
+    ours = TextEncoder(text_folder(str(folder)), 64)
+    expected = TextEncoder(text_folder(str(files["bert"])), 64)
     assert torch.equal(ours.tokenize(texts)["input_ids"], expected.tokenize(texts)["input_ids"])
     assert torch.equal(ours.embed(texts, torch.device("cpu")), expected.embed(texts, torch.device("cpu")))
 
@@ -187,13 +187,13 @@ def test_query_embeddings_are_cached_on_disk_per_text_encoder_and_texts(smoke, f
     smoke._query_cache.clear()
     first = smoke.query_embeddings(texts).clone()
     assert cached.is_file() and torch.load(cached, weights_only=True)["texts"] == list(texts)
-    direct = TextEncoder(text_encoder_folder(str(files["bert"])), 64).embed(list(texts), torch.device("cpu"))
+    direct = TextEncoder(text_folder(str(files["bert"])), 64).embed(list(texts), torch.device("cpu"))
     assert torch.equal(first, direct)
     # a new model with the same text encoder reads the cache: BERT is never loaded
     monkeypatch.setattr(TextEncoder, "bert", lambda self: pytest.fail("BERT loaded despite a cached book"))
     with pytest.warns(UserWarning, match="RANDOM"):
         again = xbench_pl.create_model("medklip", random_init=True, knowledge=str(files["medklip_descriptions"]),
-                                       text_encoder=str(files["bert"]), query_cache=str(files["cache"]))
+                                       text=str(files["bert"]), query_cache=str(files["cache"]))
     assert torch.equal(again.query_embeddings(texts), first)
     # other texts (one more query) are another cache entry
     assert smoke.cache_file(texts + ("x",)) != cached
@@ -203,13 +203,13 @@ def test_query_embeddings_are_cached_on_disk_per_text_encoder_and_texts(smoke, f
     for path in files["bert"].iterdir():
         (other / path.name).write_bytes(path.read_bytes())
     (other / "vocab.txt").write_text((files["bert"] / "vocab.txt").read_text() + "extra\n")
-    assert TextEncoder(text_encoder_folder(str(other)), 64).fingerprint != smoke.text_encoder.fingerprint
+    assert TextEncoder(text_folder(str(other)), 64).fingerprint != smoke.text_encoder.fingerprint
 
 
 def test_precomputed_rows_are_used_and_missing_texts_need_the_text_encoder(official, files):
     texts, _ = official.query_texts(CXR14)
     assert torch.equal(official.query_embeddings(texts), ref_data.query_book("medklip", 0))
-    with pytest.raises(ValueError, match="not in query_embeddings file and no text_encoder"):
+    with pytest.raises(ValueError, match="not in query_embeddings file and no text=DIR"):
         official.embed_texts(texts + ("an unseen description",))
 
 
@@ -220,7 +220,7 @@ def test_unseen_finding_adds_a_description_query(official, files, tmp_path):
     extra = tmp_path / "observation explanation_extra.json"
     extra.write_text(json.dumps({"aortic enlargement": "aortic enlargement is a wide aorta."}))
     model = MedKLIP(checkpoint=str(files["checkpoint"]), knowledge=[str(files["medklip_descriptions"]), str(extra)],
-                    text_encoder=str(files["bert"]), query_embeddings=str(files["book"]), query_cache=str(tmp_path / "c"))
+                    text=str(files["bert"]), query_embeddings=str(files["book"]), query_cache=str(tmp_path / "c"))
     texts, index = model.query_texts(["Pneumonia", "Aortic Enlargement", "Pneumonia"])
     assert len(texts) == 76 and texts[-1] == "aortic enlargement is a wide aorta." and index == [20, 75, 20]
     out = model.zero_shot(ref_data.reference_images(0), ["Pneumonia", "Aortic Enlargement"])
@@ -278,26 +278,28 @@ def test_wrong_files_name_the_file_and_the_fix(files, tmp_path):
 
 
 def test_missing_knowledge_and_text_encoder_are_named(files, tmp_path):
+    weights = tmp_path / "checkpoint_final.pth"  # with a checkpoint, knowledge and text are required (random_init: stand-ins)
+    weights.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="knowledge is required: .*observation explanation.json"):
-        MedKLIP(random_init=True, text_encoder=str(files["bert"]))
+        MedKLIP(checkpoint=str(weights), text=str(files["bert"]))
     with pytest.raises(FileNotFoundError, match=r"knowledge file not found: .*nope.json \(no such file\)"):
-        MedKLIP(random_init=True, knowledge=str(tmp_path / "nope.json"), text_encoder=str(files["bert"]))
-    with pytest.raises(FileNotFoundError, match="needs a local copy of .*Bio_ClinicalBERT.*text_encoder=None"):
-        MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]))
-    with pytest.raises(FileNotFoundError, match=r"text_encoder=.*missing_bert.*\(no such folder\)"):
-        MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text_encoder=str(tmp_path / "missing_bert"))
+        MedKLIP(random_init=True, knowledge=str(tmp_path / "nope.json"), text=str(files["bert"]))
+    with pytest.raises(FileNotFoundError, match="needs a local copy of .*Bio_ClinicalBERT.*text=None"):
+        MedKLIP(checkpoint=str(weights), knowledge=str(files["medklip_descriptions"]))
+    with pytest.raises(FileNotFoundError, match=r"text=.*missing_bert.*\(no such folder\)"):
+        MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text=str(tmp_path / "missing_bert"))
     empty = tmp_path / "empty_bert"
     empty.mkdir()
     (empty / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"empty_bert lacks \['vocab.txt', 'model.safetensors or pytorch_model.bin'\]"):
-        MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text_encoder=str(empty))
+        MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text=str(empty))
     with pytest.raises(ValueError, match="would download"):
         MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]),
-                text_encoder="hf-hub:emilyalsentzer/Bio_ClinicalBERT")
+                text="hf-hub:emilyalsentzer/Bio_ClinicalBERT")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="knowledge file .*broken.json is not readable JSON"):
-        MedKLIP(random_init=True, knowledge=str(broken), text_encoder=str(files["bert"]))
+        MedKLIP(random_init=True, knowledge=str(broken), text=str(files["bert"]))
 
 
 # -- random_init smoke run --------------------------------------------------------------------
@@ -307,7 +309,7 @@ def test_random_init_smoke_run_is_reproducible_and_flagged(smoke, files):
     assert out.scores.shape == (3, 2) and ((out.scores >= 0) & (out.scores <= 1)).all()
     assert out.saliency.shape == (3, 2, 14, 14) and torch.isfinite(out.saliency).all()
     with pytest.warns(UserWarning, match="RANDOM"):
-        twin = MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text_encoder=str(files["bert"]),
+        twin = MedKLIP(random_init=True, knowledge=str(files["medklip_descriptions"]), text=str(files["bert"]),
                        query_cache=str(files["cache"]))
     assert all(torch.equal(a, b) for a, b in zip(smoke.state_dict().values(), twin.state_dict().values()))
     assert np.isclose(float(out.saliency.sum(dim=(-2, -1)).mean()), 1.0, atol=1e-5)

@@ -63,7 +63,7 @@ def test_full_size_layout_is_the_authors(files):
     spec = rr.manifest("radzero_checkpoint_manifest.json")
     assert spec["versions"]["transformers"] == "4.39.3" and spec["parameters"]["total"] == 209_392_513
     with torch.device("meta"):
-        full = RadZero(random_init=True, tokenizer=files["release"])
+        full = RadZero(random_init=True, text=files["release"])
     released = {k: torch.empty(shape, dtype=getattr(torch, dtype), device="meta") for k, (shape, dtype) in spec["keys"].items()}
     state = checkpoint_filter_fn(released, "manifest")
     ours = full.state_dict()
@@ -134,7 +134,7 @@ def test_outputs_do_not_depend_on_the_batch(model):
 
 # -- prompts, cache ----------------------------------------------------------------------------------
 def test_prompts_finding_names_and_free_text(files):
-    model = RadZero(files["architecture"], random_init=True, tokenizer=files["release"], texts={"Mass": "A large mass"})
+    model = RadZero(files["architecture"], random_init=True, text=files["release"], texts={"Mass": "A large mass"})
     assert model.prompt_for("Effusion") == "There is Pleural Effusion"  # canonical name, their ChestX-Det10 spelling
     assert model.prompt_for("Calcification") == "There is Tissue Calcification"
     assert model.prompt_for("Pneumothorax") == "There is Pneumothorax"
@@ -158,7 +158,7 @@ def test_prompts_finding_names_and_free_text(files):
 
 # -- files and sizes -----------------------------------------------------------------------------------
 def test_checkpoint_file_or_folder_and_round_trip(files, model):
-    from_file = RadZero(files["architecture"], checkpoint=files["weights"], tokenizer=files["release"])
+    from_file = RadZero(files["architecture"], checkpoint=files["weights"], text=files["release"])
     for key, value in model.state_dict().items():
         assert torch.equal(from_file.state_dict()[key], value), key
     assert not from_file.random_weights
@@ -168,7 +168,7 @@ def test_wrong_checkpoints_name_the_file(files, tmp_path):
     clip = tmp_path / "clip.safetensors"
     save_file({"visual.conv1.weight": torch.zeros(1), "visual.proj": torch.zeros(1)}, str(clip))
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(clip))} is not a RadZero checkpoint.*looks like a CLIP.*Deepnoid/RadZero"):
-        RadZero(files["architecture"], checkpoint=str(clip), tokenizer=files["release"])
+        RadZero(files["architecture"], checkpoint=str(clip), text=files["release"])
     state = rr.state_dict(seed=0)
     del state["loss_fns.RadZeroLoss.layer_norm.bias"]
     state["vision_model.embeddings.position_embeddings"] = torch.zeros(1, 50, 32)
@@ -176,33 +176,34 @@ def test_wrong_checkpoints_name_the_file(files, tmp_path):
     save_file(state, str(bad))
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(bad))} does not fit.*missing keys: \[norm\.bias\].*"
                                               r"image\.embeddings\.position_embeddings \(1, 50, 32\) != \(1, 17, 32\)"):
-        RadZero(files["architecture"], checkpoint=str(bad), tokenizer=files["release"])
+        RadZero(files["architecture"], checkpoint=str(bad), text=files["release"])
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(Path(files["weights"]).read_bytes()[:3000])
     with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {re.escape(str(truncated))}"):
-        RadZero(files["architecture"], checkpoint=str(truncated), tokenizer=files["release"])
+        RadZero(files["architecture"], checkpoint=str(truncated), text=files["release"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"holds none of \['model\.safetensors', 'pytorch_model\.bin'\]"):
-        RadZero(files["architecture"], checkpoint=str(tmp_path / "empty"), tokenizer=files["release"])
+        RadZero(files["architecture"], checkpoint=str(tmp_path / "empty"), text=files["release"])
     with pytest.raises(ValueError, match=r"needs checkpoint=.*Deepnoid/RadZero"):
-        RadZero(files["architecture"], tokenizer=files["release"])
+        RadZero(files["architecture"], text=files["release"])
     with pytest.raises(ValueError, match="would download"):
-        RadZero(files["architecture"], checkpoint="https://huggingface.co/Deepnoid/RadZero", tokenizer=files["release"])
+        RadZero(files["architecture"], checkpoint="https://huggingface.co/Deepnoid/RadZero", text=files["release"])
 
 
 def test_tokenizer_folder_is_required(files, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"needs the MPNet tokenizer.*tokenizer=None"):
-        RadZero(files["architecture"], random_init=True)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # with a checkpoint the text folder is required (random_init: a stand-in)
+    with pytest.raises(FileNotFoundError, match=r"needs the MPNet tokenizer.*text=None"):
+        RadZero(files["architecture"], checkpoint=str(tmp_path / "model.safetensors"))
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"lacks \[.vocab\.txt or tokenizer\.json.\]"):
-        RadZero(files["architecture"], random_init=True, tokenizer=str(tmp_path / "cfg"))
+        RadZero(files["architecture"], random_init=True, text=str(tmp_path / "cfg"))
 
 
 def test_unsupported_sizes_are_refused(files):
     with pytest.raises(ValueError, match=r"RadZero cannot run at image_size=512: it exists at \[518\] px only"):
-        RadZero(random_init=True, tokenizer=files["release"], image_size=512)
-    model = RadZero(files["architecture"], random_init=True, tokenizer=files["release"])
+        RadZero(random_init=True, text=files["release"], image_size=512)
+    model = RadZero(files["architecture"], random_init=True, text=files["release"])
     with pytest.raises(ValueError, match=r"expects 28 x 28 inputs, got \(32, 32\)"):
         model.zero_shot(torch.randn(1, 3, 32, 32), ["Nodule"])
 
@@ -218,8 +219,8 @@ def test_registered_preprocessing():
 
 # -- random_init and the CLI -----------------------------------------------------------------------
 def test_random_init_is_deterministic_and_flagged(files):
-    a = RadZero(files["architecture"], random_init=True, tokenizer=files["release"])
-    b = RadZero(files["architecture"], random_init=True, tokenizer=files["release"])
+    a = RadZero(files["architecture"], random_init=True, text=files["release"])
+    b = RadZero(files["architecture"], random_init=True, text=files["release"])
     assert a.random_weights and all(torch.equal(b.state_dict()[k], v) for k, v in a.state_dict().items())
     out = a.zero_shot(torch.randn(3, 3, rr.IMAGE_SIZE, rr.IMAGE_SIZE), ["Pneumonia", "Cardiomegaly"])
     assert out.scores.shape == (3, 2) and out.saliency.shape == (3, 2, rr.GRID, rr.GRID)
@@ -228,7 +229,7 @@ def test_random_init_is_deterministic_and_flagged(files):
 
 def test_cli_random_init_on_the_demo(files, tmp_path):
     result = in_process("test", "--model", "radzero", "--model.random_init", "true", "--model.architecture", files["architecture"],
-                        "--model.tokenizer", files["release"], "--data", "demo", "--out", str(tmp_path))
+                        "--model.text", files["release"], "--data", "demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["random_weights"] is True
@@ -239,7 +240,7 @@ def test_cli_random_init_on_the_demo(files, tmp_path):
 
 
 def test_cli_refuses_other_sizes_in_one_line(files, tmp_path):
-    result = in_process("test", "--model", "radzero", "--model.random_init", "true", "--model.tokenizer", files["release"],
+    result = in_process("test", "--model", "radzero", "--model.random_init", "true", "--model.text", files["release"],
                         "--model.image_size", "224", "--data", "demo", "--out", str(tmp_path))
     assert result.returncode != 0 and "RadZero cannot run at image_size=224" in result.stderr
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from xbench_pl.console import note
+
 _PACKAGE = Path(__file__).resolve().parent
 # repo checkout (editable install) first, then the copy a wheel carries
 CONFIG_ROOTS = (_PACKAGE.parent / "configs", _PACKAGE / "configs")
@@ -67,14 +69,36 @@ def read_config(kind: str, name: str) -> tuple[type, dict]:
     return resolve_class(config["class_path"]), dict(config.get("init_args") or {})
 
 
+#: model arguments renamed so that every family says the same thing by the same name (old -> new); the old
+#: names still work, with a note, wherever model arguments are given (``renamed_args``)
+RENAMED_ARGS = {"tokenizer": "text", "text_encoder": "text"}
+
+
+def renamed_args(init_args: dict, spelling: str = "{}=", where: str = "") -> dict:
+    """``init_args`` with each old name of ``RENAMED_ARGS`` replaced by the new one, and one ``note:`` line per
+    rename on stderr (rank zero), naming both as the user wrote them (``spelling``: ``"--model.{}"`` on the command line;
+    ``where``: the file they came from)."""
+    renamed = {}
+    for key, value in init_args.items():
+        new = RENAMED_ARGS.get(key, key)
+        if new != key:
+            note(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}")
+            if new in init_args:
+                raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: "
+                                 f"give {spelling.format(new)} only")
+        renamed[new] = value
+    return renamed
+
+
 def create(kind: str, name: str, **overrides):
     cls, init_args = read_config(kind, name)
     return cls(**{**init_args, **overrides})
 
 
 def create_model(name: str, **kwargs):
-    """A registered model by name, with ``kwargs`` overriding its config's init args."""
-    return create("models", name, **kwargs)
+    """A registered model by name, with ``kwargs`` overriding its config's init args (old argument names work:
+    ``RENAMED_ARGS``)."""
+    return create("models", name, **renamed_args(kwargs))
 
 
 def create_datamodule(name: str, **kwargs):

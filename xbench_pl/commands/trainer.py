@@ -39,7 +39,7 @@ from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.options import ExplainerName
 from xbench_pl.outputs import OutputFolder, check_writable, write_results
-from xbench_pl.registry import available, class_path, config_path, resolve_class
+from xbench_pl.registry import RENAMED_ARGS, available, class_path, config_path, renamed_args, resolve_class
 from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
@@ -67,7 +67,7 @@ def resolve_names(argv: list[str]) -> list[str]:
     ``--model VALUE`` is followed by ``--model_name VALUE``: the name the report shows (it is
     part of the config, so a saved ``--print_config`` keeps it). ``--model.help NAME`` (and
     ``--model NAME --model.help``: the model given) shows the options of NAME's class; so does
-    ``--data.help``.
+    ``--data.help``. Old model argument names become the new ones (``renamed_model_options``).
     """
     kinds = {"--model": "models", "--data": "data"}
     out, i = [], 0
@@ -81,12 +81,24 @@ def resolve_names(argv: list[str]) -> list[str]:
             value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
             out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
         elif kind and value:
-            out += [flag, str(config_path(kind, value)) if is_name(value) else value]
+            given = str(config_path(kind, value)) if is_name(value) else value
+            out += [flag, renamed_model_config(given) if kind == "models" and given == value else given]
             if flag == "--model" and not value.startswith("{"):  # a class path or file names the model too
                 out += ["--model_name", value]
         else:
             out.append(arg)
         i += 1
+    return renamed_model_options(out)
+
+
+def renamed_model_options(argv: list[str]) -> list[str]:
+    """``--model.OLD[=VALUE]`` as ``--model.NEW`` (``registry.RENAMED_ARGS``, with its note)."""
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("--model."):
+            flag = "--model." + next(iter(renamed_args({flag.removeprefix("--model."): None}, "--model.{}")))
+        out.append(flag + eq + value)
     return out
 
 
@@ -102,6 +114,31 @@ def command_to_test(argv: list[str], checkpoint: str) -> str:
             kept += part
         i += len(part)
     return f"{PROG} test {shlex.join([*kept, '--ckpt_path', checkpoint])}"
+
+
+def renamed_model_config(value: str) -> str:
+    """A ``--model`` YAML file (or inline config) whose ``init_args`` use old names: the config, renamed, inline;
+    anything else as it is."""
+    path = Path(value).expanduser()
+    try:
+        config = yaml.safe_load(path.read_text() if path.suffix in (".yaml", ".yml") and path.is_file() else value)
+    except (OSError, yaml.YAMLError):
+        return value
+    init_args = config.get("init_args") if isinstance(config, dict) else None
+    if not isinstance(init_args, dict) or not set(init_args) & set(RENAMED_ARGS):
+        return value
+    return json.dumps({**config, "init_args": renamed_args(init_args, "init_args.{}", f"{value}: ")})
+
+
+def renamed_config(config: object) -> bool:
+    """Rename the old model argument names in a ``--config`` file's content (its ``model``, at the top or under a
+    subcommand), in place; whether there were any."""
+    found = False
+    for holder in (config, *(config.get(c) for c in TRAINER_COMMANDS)) if isinstance(config, dict) else ():
+        model = holder.get("model") if isinstance(holder, dict) else None
+        if isinstance(model, dict) and isinstance(model.get("init_args"), dict) and set(model["init_args"]) & set(RENAMED_ARGS):
+            model["init_args"], found = renamed_args(model["init_args"], "model.init_args.{}", "--config: "), True
+    return found
 
 
 def class_configs(value) -> list:
@@ -177,6 +214,16 @@ class XBenchArgumentParser(LightningArgumentParser):
                     action._typehint, action.metavar = Literal[accepted], "{" + ",".join(accepted) + "}"
                     action.help = f"where the maps come from; {theclass.__name__} takes {' or '.join(accepted)} only"
         return added
+
+    def _load_config_parser_mode(self, content, path="", ext_vars=None, prev_cfg=None):
+        """A config file's (``--config``) old model argument names renamed first (``renamed_config``)."""
+        try:
+            config = yaml.safe_load(content)
+        except yaml.YAMLError:
+            config = None  # jsonargparse says what is wrong with it
+        if renamed_config(config):
+            content = yaml.safe_dump(config, sort_keys=False)
+        return super()._load_config_parser_mode(content, path, ext_vars, prev_cfg)
 
 
 class XBenchCLI(LightningCLI):

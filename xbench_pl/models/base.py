@@ -186,6 +186,7 @@ class ZeroShotModel(L.LightningModule):
         self.results: dict[str, dict] = {}
         self.curves: dict[str, dict] = {}  # per dataset: Dice/IoU against tau, reliability bins (BenchmarkMetrics.curves)
         self.random_weights = False  # set by warn_random_weights; reports say so
+        self.stand_ins: list[str] = []  # what a random_init model made up for missing files (stand_in)
         # with fewer images than ranks some rank has nothing to test: fine, its metrics still sync
         self.allow_zero_length_dataloader_with_multiple_devices = True
 
@@ -264,10 +265,17 @@ class ZeroShotModel(L.LightningModule):
 
         return ZeroShotOutput(scores=joined("scores"), saliency=joined("saliency"), logits=joined("logits"))
 
+    def stand_in(self, what: str, value):
+        """``value``, made up in place of a missing file (``what``: "tokenizer", ...) by a model without a checkpoint;
+        the random-weights warning names it."""
+        self.stand_ins.append(what)
+        return value
+
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""
         self.random_weights = True
-        rank_zero_warn(f"{type(self).__name__} has RANDOM weights (random_init=True, no checkpoint): "
+        made_up = f" and a stand-in {' and '.join(self.stand_ins)} (no files)" if self.stand_ins else ""
+        rank_zero_warn(f"{type(self).__name__} has RANDOM weights (random_init=True, no checkpoint){made_up}: "
                        "its scores and maps are meaningless; use it only to smoke-test a set-up")
 
     # -- evaluation -------------------------------------------------------------------------

@@ -27,9 +27,14 @@ from xbench_pl.outputs import atomic_write, file_bytes
 
 
 class MapBaseline(ZeroShotModel):
-    """A fixed map per class, broadcast over the batch, with constant scores."""
+    """A fixed map per class, broadcast over the batch, with constant scores.
 
-    def __init__(self, **kwargs):
+    Args:
+        random_init: accepted so that every model takes the same smoke command; a baseline has no weights.
+        **kwargs: ``ZeroShotModel`` arguments.
+    """
+
+    def __init__(self, random_init: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.preprocess = Preprocess(resize="squash", size=32)
 

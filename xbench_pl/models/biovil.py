@@ -41,8 +41,9 @@ Weights: ``checkpoint`` is the released image state dict (``biovil_image_resnet5
 ``microsoft/BiomedVLP-BioViL-T``), read with ``weights_only=True`` and loaded strictly after
 ``checkpoint_filter_fn``; ``text`` the local hub folder (``config.json``, ``vocab.txt``, tokenizer
 files, ``pytorch_model.bin`` or ``model.safetensors``; its MLM head is declared unused). No remote
-code runs, nothing downloads. ``random_init`` draws the weights from a fixed seed (the text folder
-still gives config and vocabulary).
+code runs, nothing downloads. ``random_init`` draws the weights from a fixed seed; without a text folder
+the text config is the shipped copy (``configs/hf/<hub folder>/config.json``) and the tokenizer a stand-in of
+CXR-BERT's layout (``stand_ins``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from xbench_pl.models.layers.cxr_bert import CXRBert
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           weights_in)
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 ARCHITECTURE_KEYS = ("image", "text", "smoothing", "preprocess")
 CHECKPOINT_HINT = ("a local BioViL image state dict: biovil_image_resnet50_proj_size_128.pt (BioViL, from "
@@ -160,8 +162,8 @@ class BioViL(ZeroShotModel):
     Args:
         architecture: shipped config name (``biovil``, ``biovil_t``) or a JSON file.
         checkpoint: the released image state dict (``.pt``; required unless ``random_init``).
-        text: local hub folder of the text model (always required: config and vocabulary; its weights
-            unless ``random_init``).
+        text: local hub folder of the text model (config, vocabulary and weights); required unless
+            ``random_init`` without a checkpoint (the shipped config and a stand-in tokenizer).
         positive, negative: prompt template(s) per polarity (``{}`` = the finding or phrase); a list is an
             ensemble. Default: CheXzero's ``"{}"`` / ``"no {}"``.
         text_batch_size: prompts per text forward when filling the embedding cache.
@@ -198,12 +200,17 @@ class BioViL(ZeroShotModel):
             raise ValueError("BioViL scores the positive against the negative prompt: negative needs template(s)")
         weights = checkpoint_file(checkpoint, random_init, f"BioViL({architecture!r})", CHECKPOINT_HINT)
         self.text_hint = TEXT_HINT.format(config["text"])
-        folder = local_folder(text, "text", self.text_hint, f"BioViL({architecture!r})", [("config.json",), ("vocab.txt",)])
-        text_weights = None if weights is None else weights_in(folder, "text", self.text_hint)
         self.architecture = architecture
         self.sigma, self.truncate = float(config["smoothing"]["sigma"]), float(config["smoothing"]["truncate"])
-        self.tokenizer = load_tokenizer(folder)
-        text_config = bert_config(str(folder), base)
+        if text is None and weights is None:
+            folder = text_weights = None
+            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]))
+            text_config = bert_config(f"hf/{config['text']}", base)
+        else:
+            folder = local_folder(text, "text", self.text_hint, f"BioViL({architecture!r})", [("config.json",), ("vocab.txt",)])
+            text_weights = None if weights is None else weights_in(folder, "text", self.text_hint)
+            self.tokenizer = load_tokenizer(folder)
+            text_config = bert_config(str(folder), base)
         build_weights(lambda: self.build(config, text_config), random_init=weights is None)
         self.text.bert.check_tokenizer(self.tokenizer, f"text folder {folder}", "its vocab.txt does not fit its config.json")
         self.preprocess = preprocess_from(config)

@@ -29,8 +29,9 @@ Prompts: one per class, ``"There is {}"`` with their ChestX-ray14 spellings (``n
 ``configs/carzero.json``: "Lung Nodule", "Pulmonary Mass", ...; other findings by their name),
 cleaned as their ``process_text`` (split into sentences on ``.`` and ``N.``; ``\\w+`` words of the
 lower-cased text; a sentence of <= 1 word is dropped; non-ASCII removed), tokenised by a local
-``BertTokenizerFast`` folder (``tokenizer=DIR`` with BioClinicalMPBERT's ``vocab.txt``; their
-``AutoTokenizer`` defaults: lower case) to 97 tokens. ``texts={finding: prompt}`` overrides.
+``BertTokenizerFast`` folder (``text=DIR`` with BioClinicalMPBERT's ``vocab.txt``; their
+``AutoTokenizer`` defaults: lower case) to 97 tokens (a ``random_init`` model without it: a stand-in
+of that layout, ``stand_ins``). ``texts={finding: prompt}`` overrides.
 
 Preprocessing as their test transform: grey, longest side to 256 (``INTER_AREA``), zero-padded to
 256 x 256, centre crop 224, ``(x - 0.4978) / 0.2449`` on the three equal channels.
@@ -62,13 +63,14 @@ from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 PREFIX = "CARZero."
 ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
 CHECKPOINT_HINT = ("a local CARZero checkpoint: the authors' released PyTorch Lightning file CARZero_best_model.ckpt "
                    "(a dict with 'state_dict' of 'CARZero.*' keys)")
-TOKENIZER_HINT = ("the BioClinicalMPBERT tokenizer from a local folder (tokenizer=DIR) holding vocab.txt of the Hugging "
-                  "Face model Laihaoran/BioClinicalMPBERT")
+TEXT_HINT = ("the BioClinicalMPBERT tokenizer from a local folder (text=DIR) holding vocab.txt of the Hugging "
+             "Face model Laihaoran/BioClinicalMPBERT")
 
 # globals the released Lightning file pickles besides tensors: allowed by name, as inert stand-ins
 SAFE_GLOBALS = (
@@ -183,7 +185,8 @@ class CARZero(ZeroShotModel):
     Args:
         architecture: shipped config name (``carzero``) or a JSON file.
         checkpoint: the authors' released Lightning checkpoint (required unless ``random_init``).
-        tokenizer: local folder with BioClinicalMPBERT's ``vocab.txt`` (always required).
+        text: local folder with BioClinicalMPBERT's ``vocab.txt``; required unless ``random_init`` without a
+            checkpoint (a stand-in tokenizer).
         random_init: allow running without weights (smoke tests; reports say so).
         trust_checkpoint: read a checkpoint that needs more than tensors and the allowed inert
             classes with full unpickling (runs code from the file: only for files you trust).
@@ -210,7 +213,7 @@ class CARZero(ZeroShotModel):
         self,
         architecture: str = "carzero",
         checkpoint: str | None = None,
-        tokenizer: str | None = None,
+        text: str | None = None,
         random_init: bool = False,
         trust_checkpoint: bool = False,
         texts: dict[str, str] | None = None,
@@ -229,9 +232,12 @@ class CARZero(ZeroShotModel):
         self.names = dict(config.get("names", {}))
         self.texts = dict(texts or {})
         self.attn_layers = list(config.get("attn_layers", [-4, -3, -2, -1]))
-        self.tokenizer = load_tokenizer(tokenizer)
+        if text is None and weights is None:
+            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]["bert"]))
+        else:
+            self.tokenizer = load_tokenizer(text)
         build_weights(lambda: self.build(config, base), random_init=weights is None)
-        self.text.check_tokenizer(self.tokenizer, f"tokenizer {tokenizer}", f"wrong tokenizer folder? It needs {TOKENIZER_HINT}")
+        self.text.check_tokenizer(self.tokenizer, f"text folder {text}", f"wrong text folder? It needs {TEXT_HINT}")
         if self.last_layers > len(self.text.encoder.layer) + 1:
             raise ValueError(f"architecture {architecture!r}: last_layers {self.last_layers} > the BERT's hidden states")
         self.preprocess = preprocess_from(config)
@@ -328,7 +334,7 @@ class CARZero(ZeroShotModel):
 def load_tokenizer(folder: str | None):
     """BioClinicalMPBERT's tokenizer from a local folder, as their ``AutoTokenizer`` gives it
     (``BertTokenizerFast``, default lower casing)."""
-    path = local_folder(folder, "tokenizer", TOKENIZER_HINT, "CARZero's text encoder", [("vocab.txt", "tokenizer.json")])
+    path = local_folder(folder, "text", TEXT_HINT, "CARZero's text encoder", [("vocab.txt", "tokenizer.json")])
     import transformers
 
     return transformers.BertTokenizerFast.from_pretrained(str(path), local_files_only=True)

@@ -23,12 +23,12 @@ mis-shaped keys are listed, with a hint when the file is another variant's. The 
 ``config.img_res`` (when present) must equal the architecture's input size (512 and 1024
 checkpoints have identical shapes; only that entry tells them apart).
 
-Text: tokenised from a local Med-KEBERT tokenizer folder (``tokenizer=DIR`` with ``vocab.txt``)
+Text: tokenised from a local Med-KEBERT tokenizer folder (``text=DIR`` with ``vocab.txt``)
 as the authors' test scripts call it (lower case, special tokens, max length 256), with
 explicit ``padding="max_length", truncation=True`` (``transformers`` 5 ignores their
-``pad_to_max_length=True``). Required even with ``random_init``: token ids come only from the
-real vocabulary (a model without it would not be this model). ``random_init`` weights are drawn
-from a fixed seed, so every rank and every run builds the same smoke-test model.
+``pad_to_max_length=True``). ``random_init`` weights are drawn from a fixed seed, so every rank
+and every run builds the same smoke-test model; without a text folder it tokenises with a
+stand-in of Med-KEBERT's layout (``stand_ins``), and says so.
 
 Queries: KAD scores plain finding names decoded together, and a finding's score depends on the
 other names decoded with it (self-attention). ``query_set="authors"`` (default) decodes the
@@ -61,9 +61,10 @@ from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatche
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           resolve_file, sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
-TOKENIZER_HINT = ("the Med-KEBERT tokenizer files from a local folder (tokenizer=DIR): vocab.txt (required), "
-                  "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
+TEXT_HINT = ("the Med-KEBERT tokenizer files from a local folder (text=DIR): vocab.txt (required), "
+             "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
 CHECKPOINT_HINT = ("a local KAD-style checkpoint file (KAD's released KAD_Models/KAD_512/best_valid.pt, "
                    "KAD_1024/best_valid.pt, or a 224 px one): a dict {model, image_encoder, text_encoder, ...}")
 
@@ -118,7 +119,8 @@ class KAD(ZeroShotModel):
     Args:
         architecture: shipped config name (``kad-224``, ``kad-512``, ``kad-1024``, ``devide``) or a JSON file.
         checkpoint: the KAD-style checkpoint file (required unless ``random_init``).
-        tokenizer: local folder with the Med-KEBERT tokenizer files (``vocab.txt`` ...), always required.
+        text: local folder with the Med-KEBERT tokenizer files (``vocab.txt`` ...); required unless ``random_init``
+            without a checkpoint (a stand-in tokenizer).
         random_init: allow running without weights (smoke tests; reports say so).
         query_set: ``"authors"`` (their ChestX-ray14 set, plus requested findings not in it) or
             ``"requested"`` (exactly the requested findings).
@@ -151,7 +153,7 @@ class KAD(ZeroShotModel):
         self,
         architecture: str = "kad-512",
         checkpoint: str | None = None,
-        tokenizer: str | None = None,
+        text: str | None = None,
         random_init: bool = False,
         query_set: QuerySet = "authors",
         texts: dict[str, str] | None = None,
@@ -167,19 +169,23 @@ class KAD(ZeroShotModel):
         self.architecture = architecture
         self.query_set = query_set
         self.max_length = int(config["text"].get("max_length", 256))
-        self.tokenizer = load_tokenizer(tokenizer, bool(config["text"].get("lower_case", True)))
+        lower_case = bool(config["text"].get("lower_case", True))
+        if text is None and weights is None:
+            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]["bert"], lower_case))
+        else:
+            self.tokenizer = load_tokenizer(text, lower_case)
         queries = yaml.safe_load(resolve_file(config["queries"], base).read_text())
         self.texts = {**queries["texts"], **(texts or {})}
         self.authors_set = tuple(queries["query_set"])
 
-        build_weights(lambda: self.build(config, base, tokenizer), random_init=weights is None)
+        build_weights(lambda: self.build(config, base, text), random_init=weights is None)
         self.attn_layers = list(config.get("attn_layers", [-1]))
         self.preprocess = preprocess_from(config)
         self._query_cache = EmbeddingCache()
         load_or_warn(self, weights)
         self.attach_explainer()
 
-    def build(self, config: dict, base: Path, tokenizer: str | None) -> None:
+    def build(self, config: dict, base: Path, text: str | None) -> None:
         """The towers, decoder and head of ``config``, with random weights."""
         image = config["image"]
         if image["type"] == "resnet":
@@ -193,7 +199,7 @@ class KAD(ZeroShotModel):
                         nn.Sequential(nn.Linear(self.image.channels, projection[0]), nn.ReLU(), nn.Linear(*projection)))
         text = config["text"]
         self.text = BertQueryEncoder(bert_config(text["bert"], base), text.get("pooling", "pooler"), text.get("mlp"))
-        self.text.bert_model.check_tokenizer(self.tokenizer, f"tokenizer {tokenizer}", "wrong tokenizer folder?")
+        self.text.bert_model.check_tokenizer(self.tokenizer, f"text folder {text}", "wrong text folder?")
         self.decoder = QueryDecoder(**config["decoder"])
         self.mlp_head = nn.Sequential(nn.Linear(config["decoder"]["d_model"], int(config.get("classes", 2))))
 
@@ -261,7 +267,7 @@ class KAD(ZeroShotModel):
 # -- local files only --------------------------------------------------------------------------
 def load_tokenizer(folder: str | None, lower_case: bool):
     """The BERT WordPiece tokenizer of a local folder (``vocab.txt`` or ``tokenizer.json``)."""
-    path = local_folder(folder, "tokenizer", TOKENIZER_HINT, "the text encoder", [("vocab.txt", "tokenizer.json")])
+    path = local_folder(folder, "text", TEXT_HINT, "the text encoder", [("vocab.txt", "tokenizer.json")])
     import transformers
 
     return transformers.BertTokenizer.from_pretrained(str(path), do_lower_case=lower_case, local_files_only=True)

@@ -41,7 +41,7 @@ description (and, for MAVL, 8 aspects) stored under its key in the knowledge fil
 authors' ``Zero-shot_classification/test.py`` extends ``original_class``. Scores of the 75 thus
 depend on the appended queries (self-attention).
 
-Text: tokenised by the Bio_ClinicalBERT folder's ``vocab.txt`` (``text_encoder=DIR``) as the
+Text: tokenised by the Bio_ClinicalBERT folder's ``vocab.txt`` (``text=DIR``) as the
 authors' tokenizer does: lower-cased and accent-stripped unless the folder's
 ``tokenizer_config.json`` says otherwise (Bio_ClinicalBERT ships none), ``[CLS]`` + the first 63
 word pieces, **no** ``[SEP]``, padded to 64; BERT is called with ids and mask only, and the
@@ -50,6 +50,11 @@ query is the [CLS] vector of the last hidden state. Embeddings are cached on dis
 query_embeddings`` or ``~/.cache/xbench_pl/query_embeddings``), so BERT is loaded only when texts
 are new. ``query_embeddings=FILE`` supplies precomputed rows (the cache's file format,
 ``save_query_embeddings``): its texts are used as is, only others need the text encoder.
+
+``random_init`` without a checkpoint needs no file: without ``knowledge`` each entity's name is its
+description (MAVL: "<concept> of <entity>" its aspects), and without ``text`` the text encoder is a
+random BERT of Bio_ClinicalBERT's shipped config (``text.bert``) with a stand-in tokenizer of its layout
+(``stand_ins``); its embeddings are not cached on disk. The warning says so.
 
 Score: ``softmax(head)[..., 1]`` at the finding's query (MAVL ``score_mode="feature"``, the
 default); MAVL ``score_mode="text"``: cosines of the pooled global feature with every concept
@@ -80,16 +85,17 @@ from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_a
                                           read_checkpoint, rename_prefix)
 from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
 from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, local_file, local_files, local_folder, preprocess_from,
-                                          sized_architecture, weights_in)
+                                          resolve_file, sized_architecture, weights_in)
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
 from xbench_pl.models.prompts import EmbeddingCache
 from xbench_pl.outputs import atomic_write, file_bytes
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3"}
 CACHE_FORMAT = 1
 CACHE_ENV = "XBENCH_CACHE_DIR"
-TEXT_ENCODER_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_ClinicalBERT (text_encoder=DIR with "
-                     "config.json, vocab.txt and model.safetensors or pytorch_model.bin)")
+TEXT_HINT = ("a local copy of the Hugging Face model emilyalsentzer/Bio_ClinicalBERT (text=DIR with "
+             "config.json, vocab.txt and model.safetensors or pytorch_model.bin)")
 
 
 # -- architecture configs ------------------------------------------------------------------------
@@ -166,8 +172,8 @@ def read_knowledge(files: list[Path]) -> tuple[list[tuple[str, str]], dict[str, 
 
 
 # -- text encoder (Bio_ClinicalBERT from a local folder) -----------------------------------------------------
-def text_encoder_folder(value: str | None) -> Path:
-    return local_folder(value, "text_encoder", TEXT_ENCODER_HINT, "the query book", [("config.json",), ("vocab.txt",), HF_WEIGHT_FILES])
+def text_folder(value: str | None) -> Path:
+    return local_folder(value, "text", TEXT_HINT, "the query book", [("config.json",), ("vocab.txt",), HF_WEIGHT_FILES])
 
 
 def fingerprint(folder: Path) -> str:
@@ -177,7 +183,7 @@ def fingerprint(folder: Path) -> str:
     for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         path = folder / name
         digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<absent>") + b"\0")
-    weights = weights_in(folder, "text_encoder", TEXT_ENCODER_HINT)
+    weights = weights_in(folder, "text", TEXT_HINT)
     stat = weights.stat()
     digest.update(f"{weights.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:24]
@@ -203,18 +209,21 @@ def read_bert_weights(path: Path) -> dict[str, torch.Tensor]:
 class TextEncoder:
     """Bio_ClinicalBERT queries as the authors embed them: ``[CLS]`` + word pieces (no ``[SEP]``),
     padded to ``max_length``, BERT's last hidden state at [CLS]. Not a submodule of the model (its
-    weights are not in the released checkpoints); loaded on first use."""
+    weights are not in the released checkpoints); loaded on first use. ``stand_in`` (the shipped config
+    of its hub folder) instead of ``folder``: random weights and a stand-in tokenizer (``random_init``)."""
 
     IGNORE_UNEXPECTED = (r"^cls\.", r"^pooler\.")  # pretraining heads and pooler: the [CLS] state is used
 
-    def __init__(self, folder: Path, max_length: int):
-        self.folder, self.max_length = folder, max_length
-        self.fingerprint = fingerprint(folder)
+    def __init__(self, folder: Path | None, max_length: int, stand_in: Path | None = None):
+        self.folder, self.max_length, self.stand_in = folder, max_length, stand_in
+        self.fingerprint = None if folder is None else fingerprint(folder)
         self._tokenizer = None
         self._bert: BertModel | None = None
 
     @property
     def tokenizer(self):
+        if self._tokenizer is None and self.folder is None:
+            self._tokenizer = stand_in_tokenizer(str(self.stand_in))
         if self._tokenizer is None:
             import transformers
 
@@ -237,14 +246,19 @@ class TextEncoder:
         return {"input_ids": ids, "attention_mask": mask}
 
     def bert(self) -> BertModel:
+        if self._bert is None and self.folder is None:  # a stand-in: the shipped config, seeded random weights
+            def build() -> None:
+                self._bert = BertModel.from_config_file(self.stand_in, add_pooling_layer=False).eval()
+
+            build_weights(build, random_init=True)
         if self._bert is None:
             bert = BertModel.from_config_file(self.folder / "config.json", add_pooling_layer=False)
             bert.check_tokenizer(self.tokenizer, f"text encoder {self.folder}: vocab.txt", "config.json's vocab_size is too small")
             if bert.embeddings.position_embeddings.num_embeddings < self.max_length:
                 raise ValueError(f"text encoder {self.folder}: max_position_embeddings < the query length {self.max_length}")
-            weights = weights_in(self.folder, "text_encoder", TEXT_ENCODER_HINT)
+            weights = weights_in(self.folder, "text", TEXT_HINT)
             load_weights(bert, read_bert_weights(weights), str(weights), self.IGNORE_UNEXPECTED,
-                         f"expected the BERT weights of {TEXT_ENCODER_HINT}")
+                         f"expected the BERT weights of {TEXT_HINT}")
             self._bert = bert.eval()
         return self._bert
 
@@ -304,9 +318,10 @@ class MedKLIP(ZeroShotModel):
         architecture: shipped config name (``medklip``) or a JSON file.
         checkpoint: the released ``checkpoint_final.pth`` (required unless ``random_init``).
         knowledge: the user's copy of the authors' ``observation explanation.json`` (75 entities,
-            read in file order); more files add descriptions of findings outside the 75.
-        text_encoder: local Bio_ClinicalBERT folder (needed unless every query text is in
-            ``query_embeddings`` or the on-disk cache).
+            read in file order); more files add descriptions of findings outside the 75. Required unless
+            ``random_init`` without a checkpoint (stand-in descriptions).
+        text: local Bio_ClinicalBERT folder (needed unless every query text is in ``query_embeddings``
+            or the on-disk cache, or ``random_init`` without a checkpoint: a stand-in text encoder).
         query_embeddings: a precomputed query-embedding file (``save_query_embeddings``).
         query_cache: folder of the on-disk query-embedding cache (default: see the module docstring).
         entities: ``{finding: entity key}`` overriding the config's ``findings`` table.
@@ -333,7 +348,7 @@ class MedKLIP(ZeroShotModel):
         architecture: str = "medklip",
         checkpoint: str | None = None,
         knowledge: str | list[str] | None = None,
-        text_encoder: str | None = None,
+        text: str | None = None,
         query_embeddings: str | None = None,
         query_cache: str | None = None,
         entities: dict[str, str] | None = None,
@@ -345,7 +360,7 @@ class MedKLIP(ZeroShotModel):
         architecture = sized_architecture(architecture, image_size, self.INPUT_SIZES, type(self).__name__)
         weights = checkpoint_file(checkpoint, random_init, f"{type(self).__name__}({architecture!r})",
                                   f"a local copy of the authors' {self.RELEASED}")
-        config = read_architecture(architecture)
+        config, base = read_architecture_file(architecture, ARCHITECTURE_KEYS, "MedKLIP-family")
         self.architecture = architecture
         self.config = config
         self.concepts = tuple(config["concepts"])
@@ -357,13 +372,22 @@ class MedKLIP(ZeroShotModel):
         if self.map_reduce not in ("mean", "max"):
             raise ValueError(f"architecture {architecture!r}: map_reduce must be 'mean' or 'max', got {self.map_reduce!r}")
         self.max_length = int(config["text"].get("max_length", 64))
-        self.read_knowledge(local_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
+        self.knowledge_stand_in = knowledge is None and weights is None
+        if self.knowledge_stand_in:
+            self.read_knowledge([])
+            self.stand_ins.append("knowledge")
+        else:
+            self.read_knowledge(local_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
 
         self.precomputed = None if query_embeddings is None else read_query_embeddings(local_file(
             query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings"))
-        if text_encoder is None and self.precomputed is None:
-            text_encoder_folder(None)  # raises, naming what is needed
-        self.text_encoder = None if text_encoder is None else TextEncoder(text_encoder_folder(text_encoder), self.max_length)
+        if text is None and weights is None:
+            stand_in = TextEncoder(None, self.max_length, resolve_file(config["text"]["bert"], base))
+            self.text_encoder = self.stand_in("text encoder", stand_in)
+        elif text is None and self.precomputed is None:
+            text_folder(None)  # raises, naming what is needed
+        else:
+            self.text_encoder = None if text is None else TextEncoder(text_folder(text), self.max_length)
         self.query_cache = Path(query_cache).expanduser() if query_cache else default_query_cache()
 
         build_weights(lambda: self.build(config), random_init=weights is None)
@@ -421,7 +445,7 @@ class MedKLIP(ZeroShotModel):
     def read_knowledge(self, files: list[Path]) -> None:
         self.knowledge_files = files
         self.file_order, self.descriptions, self.aspects, self.knowledge_origin = read_knowledge(files)
-        if self.config.get("file_order"):
+        if self.config.get("file_order") and files:
             self.check_file_order()
 
     def check_file_order(self) -> None:
@@ -477,7 +501,19 @@ class MedKLIP(ZeroShotModel):
     def query_texts(self, classes: list[str]) -> tuple[tuple[str, ...], list[int]]:
         """The texts decoded together for ``classes`` and, per class, the index of its entity."""
         entities, index = self.query_entities(classes)
+        if self.knowledge_stand_in:
+            self.invent_knowledge(entities)
         return self.texts_of(entities, classes), index
+
+    def invent_knowledge(self, entities: tuple[str, ...]) -> None:
+        """Stand-in knowledge (``random_init`` without files): an entity's name as its description, "<concept> of
+        <name>" as its aspects."""
+        for entity in entities:
+            name = entity.replace("_", " ")
+            self.descriptions.setdefault(entity, name)
+            self.aspects.setdefault(entity, [f"{concept} of {name}" for concept in self.concepts[1:]])
+        if not self.file_order:
+            self.file_order = [(entity, self.descriptions[entity]) for entity in self.base_entities]
 
     def cache_file(self, texts: tuple[str, ...]) -> Path:
         digest = hashlib.sha256(json.dumps([CACHE_FORMAT, self.text_encoder.fingerprint, self.max_length, list(texts)]).encode())
@@ -494,8 +530,10 @@ class MedKLIP(ZeroShotModel):
                 return self.precomputed["embeddings"][[rows[t] for t in texts]].float()
             if self.text_encoder is None:
                 absent = [t for t in texts if t not in rows]
-                raise ValueError(f"{len(absent)} query texts are not in query_embeddings file and no text_encoder=DIR is "
-                                 f"given to embed them (first: {absent[0][:80]!r}); give {TEXT_ENCODER_HINT}")
+                raise ValueError(f"{len(absent)} query texts are not in query_embeddings file and no text=DIR is "
+                                 f"given to embed them (first: {absent[0][:80]!r}); give {TEXT_HINT}")
+        if self.text_encoder.folder is None:  # a stand-in: nothing worth keeping on disk
+            return self.text_encoder.embed(list(texts), self.device)
         cached = self.cache_file(texts)
         if cached.is_file():
             try:
@@ -589,7 +627,7 @@ class MAVL(MedKLIP):
         architecture: str = "mavl",
         checkpoint: str | None = None,
         knowledge: str | list[str] | None = None,
-        text_encoder: str | None = None,
+        text: str | None = None,
         query_embeddings: str | None = None,
         query_cache: str | None = None,
         entities: dict[str, str] | None = None,
@@ -600,7 +638,7 @@ class MAVL(MedKLIP):
     ):
         if score_mode not in self.SCORE_MODES:
             raise ValueError(f"score_mode must be one of {self.SCORE_MODES}, got {score_mode!r}")
-        super().__init__(architecture, checkpoint, knowledge, text_encoder, query_embeddings, query_cache, entities,
+        super().__init__(architecture, checkpoint, knowledge, text, query_embeddings, query_cache, entities,
                          random_init, image_size, **kwargs)
         self.score_mode = score_mode
 

@@ -39,6 +39,7 @@ benchmark normalises them.
 from __future__ import annotations
 
 import json
+import tempfile
 from copy import deepcopy
 from pathlib import Path
 from typing import Literal, get_args
@@ -58,6 +59,7 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import load_weights, read_state_dict
 from xbench_pl.models.local_files import SHIPPED_CONFIGS
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 # A model folder's weights, in open_clip's order of preference.
 CHECKPOINT_NAMES = (
@@ -231,8 +233,9 @@ class OpenCLIPModel(ZeroShotModel):
     Args:
         architecture: shipped config name, open_clip built-in name, JSON file or model folder.
         checkpoint: weights file or model folder (required unless ``random_init``).
-        tokenizer: folder with the Hugging Face tokenizer files (HF text towers only; default:
-            the checkpoint folder). Built-in CLIP text towers use open_clip's bundled BPE.
+        text: folder with the Hugging Face tokenizer files (HF text towers only; default: the checkpoint
+            folder; a stand-in tokenizer with ``random_init`` and no checkpoint). Built-in CLIP text towers
+            use open_clip's bundled BPE.
         positive, negative: prompt template(s) per polarity (``{}`` / ``{finding}`` = finding
             name); a list is a prompt ensemble. ``negative=None`` needs ``score="cosine"``.
         score: ``"softmax"`` over the prompt pair (cosines times the model's logit scale),
@@ -255,7 +258,7 @@ class OpenCLIPModel(ZeroShotModel):
         self,
         architecture: str,
         checkpoint: str | None = None,
-        tokenizer: str | None = None,
+        text: str | None = None,
         positive: str | list[str] = "{}",
         negative: str | list[str] | None = "no {}",
         score: ScoreMode = "softmax",
@@ -280,7 +283,7 @@ class OpenCLIPModel(ZeroShotModel):
         self.score = score
         if score == "softmax":  # the other scores read raw cosines: logit_scale would get no gradient
             self.TRAINABLE = (*self.TRAINABLE, r"^model\.logit_scale$")
-        self.tokenizer = self.make_tokenizer(model_cfg["text_cfg"], tokenizer, checkpoint)
+        self.tokenizer = self.make_tokenizer(model_cfg["text_cfg"], text, checkpoint)
         self.model = build_open_clip(model_cfg)
         check_patch_tokens(self.model.visual)
         if isinstance(self.model.visual, VisionTransformer):
@@ -297,21 +300,25 @@ class OpenCLIPModel(ZeroShotModel):
         self.eval()
         self.attach_explainer()
 
-    @staticmethod
-    def make_tokenizer(text_cfg: dict, tokenizer: str | None, checkpoint: str | None):
+    def make_tokenizer(self, text_cfg: dict, text: str | None, checkpoint: str | None):
         context_length = text_cfg.get("context_length", 77)
         hf_name = text_cfg.get("hf_tokenizer_name") or text_cfg.get("hf_model_name")
         if not hf_name:
             return SimpleTokenizer(context_length=context_length)  # open_clip's bundled BPE vocabulary
-        if tokenizer is None and checkpoint is not None and Path(checkpoint).is_dir():
-            tokenizer = checkpoint
-        refuse_download(tokenizer, "tokenizer")
-        folder = None if tokenizer is None else Path(tokenizer).expanduser()
+        kwargs = {"context_length": context_length, **(text_cfg.get("tokenizer_kwargs") or {})}
+        if text is None and checkpoint is None:  # random_init: a stand-in, through open_clip's own wrapper
+            with tempfile.TemporaryDirectory() as folder:
+                stand_in_tokenizer(hf_name).save_pretrained(folder)
+                return self.stand_in("tokenizer", HFTokenizer(folder, **kwargs))
+        if text is None and Path(checkpoint).is_dir():
+            text = checkpoint
+        refuse_download(text, "text")
+        folder = None if text is None else Path(text).expanduser()
         if folder is None or not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise FileNotFoundError(
-                f"the text tower needs the tokenizer of {hf_name!r} from a local folder (tokenizer=DIR) with "
-                f"tokenizer_config.json and one of {list(TOKENIZER_FILES)}; got {tokenizer!r}")
-        return HFTokenizer(str(folder), context_length=context_length, **(text_cfg.get("tokenizer_kwargs") or {}))
+                f"the text tower needs the tokenizer of {hf_name!r} from a local folder (text=DIR) with "
+                f"tokenizer_config.json and one of {list(TOKENIZER_FILES)}; got {text!r}")
+        return HFTokenizer(str(folder), **kwargs)
 
     # -- encoders ------------------------------------------------------------------------------
     def encode_text(self, texts: list[str]) -> torch.Tensor:

@@ -48,8 +48,9 @@ that is not a known finding name (``xbench_pl.data.vocabulary``) is embedded as 
 phrase grounding feeds the phrase itself); ``texts={finding: text}`` overrides.
 
 Files: ``checkpoint`` = the local ``model.safetensors`` (or ``pytorch_model.bin``) of ``Deepnoid/RadZero``,
-or that folder; ``tokenizer`` = a folder with the MPNet tokenizer files (``vocab.txt`` or
-``tokenizer.json``; default: the checkpoint folder). ``random_init`` weights come from a fixed seed.
+or that folder; ``text`` = a folder with the MPNet tokenizer files (``vocab.txt`` or
+``tokenizer.json``; default: the checkpoint folder). ``random_init`` weights come from a fixed seed;
+without a checkpoint or text folder, a stand-in of MPNet's tokenizer layout (``stand_ins``).
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_l
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture, weights_in)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 ARCHITECTURE_KEYS = ("vision", "text", "align", "similarity", "prompt", "preprocess")
 CHECKPOINT_HINT = ("the weights of the Hugging Face model Deepnoid/RadZero saved locally: its model.safetensors (the state "
                    "dict of the authors' CxrAlignModel: vision_model.*, text_model.*, align_transformer.*, loss_fns.*) "
                    "or the folder holding it")
-TOKENIZER_HINT = ("the MPNet tokenizer of Deepnoid/RadZero (that of sentence-transformers/all-mpnet-base-v2) from a local "
-                  "folder (tokenizer=DIR, default: the checkpoint folder) holding vocab.txt or tokenizer.json")
+TEXT_HINT = ("the MPNet tokenizer of Deepnoid/RadZero (that of sentence-transformers/all-mpnet-base-v2) from a local "
+                  "folder (text=DIR, default: the checkpoint folder) holding vocab.txt or tokenizer.json")
 # the released (CxrAlignModel) key prefixes -> this model's
 PREFIXES = (
     ("vision_model.", "image."),
@@ -141,7 +143,8 @@ class RadZero(ZeroShotModel):
     Args:
         architecture: shipped config name (``radzero``) or a JSON file.
         checkpoint: ``model.safetensors`` of Deepnoid/RadZero or its folder (required unless ``random_init``).
-        tokenizer: folder with the MPNet tokenizer files (default: the checkpoint folder).
+        text: folder with the MPNet tokenizer files (default: the checkpoint folder; a stand-in tokenizer with
+            ``random_init`` and no checkpoint).
         random_init: allow running without weights (smoke tests; reports say so).
         trust_checkpoint: read a pickled checkpoint that needs more than tensors with full unpickling (runs
             code from the file: only for files you trust).
@@ -160,7 +163,7 @@ class RadZero(ZeroShotModel):
         self,
         architecture: str = "radzero",
         checkpoint: str | None = None,
-        tokenizer: str | None = None,
+        text: str | None = None,
         random_init: bool = False,
         trust_checkpoint: bool = False,
         texts: dict[str, str] | None = None,
@@ -175,9 +178,12 @@ class RadZero(ZeroShotModel):
         self.prompt = str(config["prompt"])
         self.names = dict(config.get("names", {}))
         self.texts = dict(texts or {})
-        if tokenizer is None and checkpoint is not None and Path(checkpoint).expanduser().is_dir():
-            tokenizer = checkpoint
-        self.tokenizer = load_tokenizer(tokenizer)
+        if text is None and checkpoint is not None and Path(checkpoint).expanduser().is_dir():
+            text = checkpoint
+        if text is None and weights is None:
+            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]))
+        else:
+            self.tokenizer = load_tokenizer(text)
         build_weights(lambda: self.build(config, base), random_init=weights is None)
         self.preprocess = preprocess_from(config)
         patch = self.image.config.patch_size
@@ -185,8 +191,8 @@ class RadZero(ZeroShotModel):
             raise ValueError(f"architecture {architecture!r}: input size {self.preprocess.size} is not a multiple of the patch {patch}")
         self.grid = (self.preprocess.size // patch,) * 2
         if len(self.tokenizer) > self.text.config.vocab_size:
-            raise ValueError(f"tokenizer {tokenizer} has {len(self.tokenizer)} tokens, the text tower {self.text.config.vocab_size}: "
-                             f"wrong tokenizer folder? It needs {TOKENIZER_HINT}")
+            raise ValueError(f"text folder {text} has {len(self.tokenizer)} tokens, the text tower {self.text.config.vocab_size}: "
+                             f"wrong text folder? It needs {TEXT_HINT}")
         self._text_cache = EmbeddingCache()
         load_or_warn(self, weights)
         self.attach_explainer()
@@ -278,5 +284,5 @@ def weights_file(checkpoint: str | None, random_init: bool, architecture: str) -
 
 def load_tokenizer(folder: str | None) -> MPNetTokenizerFast:
     """The MPNet tokenizer from a local folder, as their ``AutoTokenizer`` gives it (``MPNetTokenizerFast``)."""
-    path = local_folder(folder, "tokenizer", TOKENIZER_HINT, "RadZero's text tower", [("vocab.txt", "tokenizer.json")])
+    path = local_folder(folder, "text", TEXT_HINT, "RadZero's text tower", [("vocab.txt", "tokenizer.json")])
     return MPNetTokenizerFast.from_pretrained(str(path), local_files_only=True)

@@ -142,16 +142,24 @@ class ReaderModel(ZeroShotModel):
     """Another radiologist's annotation as the map (1 inside, 0 outside) and the score (1 where marked).
 
     Args:
-        annotations: the reader's annotation file (module docstring).
+        annotations: the reader's annotation file (module docstring); required unless ``random_init`` (a stand-in
+            reader who marked nothing).
         salient_points: CheXlocalize's ``hb_salient_pt_test.json``: the reader's ``cxl_hit_rate`` by their
             human-benchmark hit rule (needs ``cxl=True``).
+        random_init: without ``annotations``, smoke-test the set-up with a reader who marked nothing (reports say so).
         **kwargs: ``ZeroShotModel`` arguments.
     """
 
-    def __init__(self, annotations: str, salient_points: str | None = None, **kwargs):
+    def __init__(self, annotations: str | None = None, salient_points: str | None = None, random_init: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.annotations = str(annotations)
-        self.regions = read_annotations(annotations)
+        if annotations is None and not random_init:
+            raise ValueError("reader needs annotations=FILE: CheXlocalize's hb_segmentations_test.json or VinDr-CXR's "
+                             "annotations_train.csv (or random_init=True for a smoke test)")
+        self.annotations = None if annotations is None else str(annotations)
+        self.regions = {} if annotations is None else read_annotations(annotations)
+        if annotations is None:
+            self.stand_ins.append("reader who marked nothing")
+            self.warn_random_weights()
         if salient_points is not None and not self.cxl:
             raise ValueError("reader: salient_points is read by the CheXlocalize-comparable mode only: set cxl=True "
                              "(--model.cxl true)")
