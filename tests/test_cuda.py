@@ -57,7 +57,7 @@ def tiny_models(builders, tmp_path_factory):  # noqa: F811
         if family in ("biovil", "biovil_t"):
             return xbench_pl.create_model(family, random_init=True, text=biovil_text, **options)
         if family == "radzero":
-            return xbench_pl.create_model("radzero", architecture=str(radzero), random_init=True, tokenizer=radzero_release, **options)
+            return xbench_pl.create_model("radzero", architecture=str(radzero), random_init=True, text=radzero_release, **options)
         if family == "chexzero":
             return xbench_pl.create_model("chexzero", architecture=str(chexzero), random_init=True, **options)
         if family in ("center", "uniform", "location_prior"):
