@@ -76,6 +76,12 @@ def number_problem(option: str, annotation: str, text: str) -> str | None:
     return None
 
 
+def reads_root(config: Path | None) -> bool:
+    """Whether a registered dataset (its config file) reads ``--data.root``: the synthetic demos draw themselves into
+    it on first use (their classes are ``*DemoDataModule``); a class path (no config) is left to the datamodule."""
+    return config is not None and not yaml.safe_load(config.read_text())["class_path"].endswith("DemoDataModule")
+
+
 def trainer_problem(argv: list[str]) -> str | None:
     """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None."""
     paths = {}
@@ -89,7 +95,7 @@ def trainer_problem(argv: list[str]) -> str | None:
     if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
         return None
     root = take_option(argv, "--data.root")[0]
-    if root and not Path(root).is_dir():
+    if root and reads_root(paths.get("--data")) and not Path(root).is_dir():
         return f"--data.root: {root}: no such folder (give the dataset's folder as it unpacks from its source)"
     for flag, path in paths.items():
         types = init_types(yaml.safe_load(path.read_text())["class_path"])

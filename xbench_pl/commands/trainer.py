@@ -371,7 +371,7 @@ class XBenchCLI(LightningCLI):
 
     def settings(self) -> dict:
         """The resolved options of this run's subcommand, as plain YAML data."""
-        return yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))[self.subcommand]
+        return yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))[self.subcommand]
 
     def add_prediction_store(self, trainer) -> None:
         """``--predictions DIR [--resume] [--predictions_dtype D]``: a ``PredictionWriter`` on the trainer."""
