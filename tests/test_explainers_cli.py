@@ -32,10 +32,10 @@ def leaves(tree, path=""):
 def test_one_and_two_ddp_processes_give_identical_metrics(explainer, tokenizer_dir, tmp_path):
     """DeViDe's ViT tower and query decoder: a CAM batched over findings, and relevance through both.
 
-    Both explainers' maps move by float32 ulps between process layouts (Chefer's measured at most 4.7e-10 on maps
-    of 5e-3, on the images of one rank: its gradients' float32 round-off; Grad-CAM's, with today's packages, by as
-    little: a rank's gradients are summed in another order), so their metrics agree to 1e-7 relative and every
-    count exactly (docs/explainers.md)."""
+    Gradient explainers' maps move by float32 round-off between process layouts (a rank batches other images:
+    Chefer's measured at most 4.7e-10 on maps of 5e-3; with the packages of 2026-11-27 Grad-CAM's too, where it
+    was byte-identical before), which can reorder near-tied pixels: their metrics agree to 1e-6 relative (cnr: 1e-6
+    absolute) and every integer key exactly (docs/explainers.md)."""
     architecture = write_json(tmp_path / "tiny_devide.json", tiny_devide_architecture())
     a, b, _ = one_and_two_processes(tmp_path, "test", "--model", "devide", "--model.architecture", architecture,
                                     "--model.text", tokenizer_dir, "--model.random_init", "true",
@@ -44,7 +44,8 @@ def test_one_and_two_ddp_processes_give_identical_metrics(explainer, tokenizer_d
     assert one.keys() == two.keys()
     for key, value in one.items():
         if isinstance(value, float) and isinstance(two[key], float):
-            assert two[key] == pytest.approx(value, rel=1e-7, abs=1e-9), key
+            # cnr divides by the background's spread: a near-zero cnr moves by 5e-8 (measured)
+            assert two[key] == pytest.approx(value, rel=1e-6, abs=1e-6 if key.endswith("cnr") or "/cnr/" in key else 1e-9), key
         else:
             assert two[key] == value, key
     assert a["explainer"]["name"] == explainer and a["config"]["model"]["init_args"]["explainer"] == explainer
