@@ -20,8 +20,9 @@ import biovil_reference
 import chexzero_reference
 import radzero_reference
 from test_cli import cli, in_process
+from test_explainers_cli import leaves
 from test_explainers_families import builders  # noqa: F401  (a fixture: tiny random models of seven families)
-from test_multinode import free_port, launch
+from test_multinode import two_nodes
 from test_precision import LINEAR, assert_promoted, assert_valid, fit_validation, recorded, report, run_and_replay, tiny_clip
 
 import xbench_pl
@@ -78,18 +79,6 @@ def cuda_test(model, precision: str, callbacks=(), accelerator: str = "gpu") -> 
     assert_promoted(entries, "cpu" if accelerator == "cpu" else "cuda")
     assert forwards and all(f["autocast"] == (precision != "32-true") for f in forwards)
     return model.results
-
-
-def leaves(tree, path: str = ""):
-    """``(path, value)`` of every number, string and null in a report."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from leaves(value, f"{path}/{key}")
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            yield from leaves(value, f"{path}/{i}")
-    else:
-        yield path, tree
 
 
 def assert_same_report(a: dict, b: dict, tolerance: float = 1e-12) -> None:
@@ -194,14 +183,7 @@ def test_two_nodes_sharing_one_gpu_over_gloo_equal_one_process(tmp_path):
                     "    init_args:\n      process_group_backend: gloo\n")
     one = in_process(*common, "--trainer.devices", "1", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    port = str(free_port())
-    nodes = [launch([*common, "--config", str(gloo), "--trainer.num_nodes", "2", "--trainer.devices", "1",
-                     "--out", str(tmp_path / f"node{rank}")],
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
-             for rank in (0, 1)]
-    for rank, node in enumerate(nodes):
-        _, err = node.communicate(timeout=300)
-        assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
+    two_nodes([*common, "--config", str(gloo)], tmp_path)
     assert json.dumps(without_provenance(tmp_path / "one")) == json.dumps(without_provenance(tmp_path / "node0"))
 
 

@@ -18,6 +18,7 @@ DEMO = ["--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cp
 
 
 def leaves(tree, path=""):
+    """``(path, value)`` of every number, string and null in a report."""
     if isinstance(tree, dict):
         for key, value in tree.items():
             yield from leaves(value, f"{path}/{key}")

@@ -29,6 +29,17 @@ def launch(args, **env):
                             stderr=subprocess.PIPE, text=True)
 
 
+def two_nodes(args: list[str], out: Path) -> None:
+    """``test ARGS`` as 2 nodes x 1 process on localhost (``out/node0``, ``out/node1``); both must exit 0."""
+    port = str(free_port())
+    nodes = [launch([*args, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--out", str(out / f"node{rank}")],
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
+             for rank in (0, 1)]
+    for rank, node in enumerate(nodes):
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
+
+
 def test_two_nodes_one_process_each_equal_one_process(tmp_path):
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     split = tmp_path / "split.csv"
@@ -37,14 +48,7 @@ def test_two_nodes_one_process_each_equal_one_process(tmp_path):
               "--data.batch_size", "3", "--trainer.accelerator", "cpu", "--model.bootstrap", "50"]
     one = in_process(*common, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    port = str(free_port())
-    nodes = [launch([*common, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.strategy", "ddp",
-                     "--out", str(tmp_path / f"node{rank}")],
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
-             for rank in (0, 1)]
-    for rank, node in enumerate(nodes):
-        out, err = node.communicate(timeout=300)
-        assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
+    two_nodes([*common, "--trainer.strategy", "ddp"], tmp_path)
     assert not (tmp_path / "node1" / "metrics.json").exists()  # global rank 0 (node 0) writes the report
     a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "node0"))
     assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
