@@ -50,7 +50,7 @@ from xbench_pl.data.vocabulary import native_name
 from xbench_pl.geometry import Preprocess, warp_to_eval_grid
 from xbench_pl.metrics.chexlocalize import spans_image
 from xbench_pl.outputs import atomic_write, file_bytes
-from xbench_pl.predictions import BadShard, Store, StoreError
+from xbench_pl.predictions import Store, StoreError
 
 FORMATS = ("npy", "cheXlocalize")
 
@@ -66,7 +66,7 @@ def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
     out: dict[str, list[tuple[dict, list[int]]]] = {}
     seen: dict[str, set[str]] = {}
     for path in paths:
-        shard = read_shard(path, store)
+        shard = store.read_intact(path)
         del shard["saliency"]
         done = seen.setdefault(shard["dataset"], set())
         rows = [r for r, image_id in enumerate(shard["image_ids"]) if image_id not in done]
@@ -76,19 +76,10 @@ def store_shards(store: Store) -> dict[str, list[tuple[dict, list[int]]]]:
     return out
 
 
-def read_shard(path: str | Path, store: Store) -> dict:
-    """One shard of ``store``, whole; ``StoreError`` (naming ``--resume``) if it does not read back."""
-    try:
-        return store.read(Path(path))
-    except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
-        raise StoreError(f"a shard of {store} does not read back ({BadShard(Path(path), str(error) or type(error).__name__)}): "
-                         f"continue the run with test ... --predictions {store} --resume, which redoes its images") from None
-
-
 def with_maps(shards: list[tuple[dict, list[int]]], store: Store):
     """Each ``(shard, rows)`` of ``store_shards`` with its maps, read one shard at a time."""
     for shard, rows in shards:
-        yield read_shard(shard["path"], store), rows
+        yield store.read_intact(Path(shard["path"])), rows
 
 
 def infer_preprocess(shards: list[tuple[dict, list[int]]]) -> dict:

@@ -84,6 +84,10 @@ class BadShard:
     path: Path
     reason: str
 
+    @classmethod
+    def of(cls, path: Path, error: Exception) -> BadShard:
+        return cls(Path(path), str(error) or type(error).__name__)
+
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
 
@@ -219,8 +223,16 @@ class Store:
             try:
                 good.append(self.read(path))
             except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
-                bad.append(BadShard(path, str(error) or type(error).__name__))
+                bad.append(BadShard.of(path, error))
         return good, bad
+
+    def read_intact(self, path: Path) -> dict:
+        """``read``; ``StoreError`` (naming ``--resume``, as ``load_intact``) if the shard does not read back."""
+        try:
+            return self.read(path)
+        except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
+            raise StoreError(f"a shard of {self} does not read back ({BadShard.of(path, error)}): continue the run with "
+                             f"test ... --predictions {self} --resume, which redoes its images") from None
 
     def read(self, path: Path) -> dict:
         """One shard, whole, with its ``path``; raises whatever stops it reading back intact."""
@@ -266,7 +278,7 @@ def upgrade(store: Store) -> tuple[int, list[BadShard]]:
         try:
             shard = decode_legacy_shard(path.read_bytes())
         except Exception as error:  # noqa: BLE001 - any failure to read back means: not trusted
-            bad.append(BadShard(path, str(error) or type(error).__name__))
+            bad.append(BadShard.of(path, error))
             continue
         atomic_write(path.with_suffix(SHARD_SUFFIX), encode_shard(shard), sync=True)
         converted.append(path)

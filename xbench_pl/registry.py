@@ -80,14 +80,20 @@ def renamed_args(init_args: dict, spelling: str = "{}=", where: str = "") -> dic
     ``where``: the file they came from)."""
     renamed = {}
     for key, value in init_args.items():
-        new = RENAMED_ARGS.get(key, key)
-        if new != key:
-            note(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}")
-            if new in init_args:
-                raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: "
-                                 f"give {spelling.format(new)} only")
+        new = renamed_key(key, spelling, where)
+        if new != key and new in init_args:
+            raise ValueError(f"{spelling.format(key)} and {spelling.format(new)} name the same argument: "
+                             f"give {spelling.format(new)} only")
         renamed[new] = value
     return renamed
+
+
+def renamed_key(key: str, spelling: str = "{}=", where: str = "") -> str:
+    """The name of argument ``key`` (``RENAMED_ARGS``); an old one is noted as ``renamed_args`` says."""
+    new = RENAMED_ARGS.get(key, key)
+    if new != key:
+        note(f"note: {where}{spelling.format(key)} is now {spelling.format(new)}")
+    return new
 
 
 def create(kind: str, name: str, **overrides):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import textwrap
-
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks.progress import ProgressBar
 
-from xbench_pl.console import ProgressLines, width
+from xbench_pl.console import ProgressLines, wrap
 from xbench_pl.run_files import console_columns, format_value
 
 
@@ -87,5 +85,4 @@ class ValidationSummary(Callback):
         last = pl_module.val_history[-1]
         for name, row in last["mean"].items():
             cells = " ".join(f"{key} {format_value(row.get(key))}" for key in console_columns(row, self.columns))
-            print(textwrap.fill(f"epoch {last['epoch']} validation, {name}: {cells}", width(), subsequent_indent="  ",
-                                break_long_words=False), flush=True)
+            print(wrap(f"epoch {last['epoch']} validation, {name}: {cells}"), flush=True)

@@ -16,8 +16,9 @@ import yaml
 from jsonargparse import typing as restricted
 
 from xbench_pl.commands.arguments import is_name, take_option
+from xbench_pl.commands.errors import restriction_text
 from xbench_pl.outputs import OutputError, check_writable
-from xbench_pl.registry import UnknownName, config_path
+from xbench_pl.registry import UnknownName, class_path
 
 #: where these checks keep out: help and config printing write nothing, whatever ``--out`` says
 HELP_FLAGS = ("-h", "--help", "--print_config")
@@ -69,36 +70,36 @@ def number_problem(option: str, annotation: str, text: str) -> str | None:
     try:
         kind(value)
     except ValueError as error:
-        restriction = re.search(r"does not conform to restriction (.+)$", str(error))
-        if restriction:
-            bounds = re.sub(r"v([<>=!]+)", r"\1 ", restriction.group(1))  # "v>=0 and v<=1": ">= 0 and <= 1"
-            return f"{option}: must be {bounds}, got {value}"
+        refusal = restriction_text(str(error))
+        if refusal:
+            return f"{option}: {refusal}"
     return None
 
 
-def reads_root(config: Path | None) -> bool:
-    """Whether a registered dataset (its config file) reads ``--data.root``: the synthetic demos draw themselves into
-    it on first use (their classes are ``*DemoDataModule``); a class path (no config) is left to the datamodule."""
-    return config is not None and not yaml.safe_load(config.read_text())["class_path"].endswith("DemoDataModule")
+def reads_root(data_class: str | None) -> bool:
+    """Whether a registered dataset (its config's class path) reads ``--data.root``: the synthetic demos draw
+    themselves into it on first use (their classes are ``*DemoDataModule``); a class path given on the command line
+    is left to the datamodule."""
+    return data_class is not None and not data_class.endswith("DemoDataModule")
 
 
 def trainer_problem(argv: list[str]) -> str | None:
     """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None."""
-    paths = {}
+    classes = {}  # flag -> its registered name's class path
     for flag, kind in (("--model", "models"), ("--data", "data"), ("--model.help", "models"), ("--data.help", "data")):
         value = take_option(argv, flag)[0]
         if value and is_name(value):
             try:
-                paths[flag] = config_path(kind, value)
+                classes[flag] = class_path(kind, value)
             except UnknownName as error:
                 return f"{flag}: {error}"
     if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
         return None
     root = take_option(argv, "--data.root")[0]
-    if root and reads_root(paths.get("--data")) and not Path(root).is_dir():
+    if root and reads_root(classes.get("--data")) and not Path(root).is_dir():
         return f"--data.root: {root}: no such folder (give the dataset's folder as it unpacks from its source)"
-    for flag, path in paths.items():
-        types = init_types(yaml.safe_load(path.read_text())["class_path"])
+    for flag, registered in classes.items():
+        types = init_types(registered)
         for key, annotation in types.items():
             text = take_option(argv, f"{flag}.{key}")[0]
             problem = number_problem(f"{flag}.{key}", annotation, text) if text is not None else None

@@ -81,6 +81,16 @@ def _last_line(message: str) -> str:
     return " ".join(message.split())
 
 
+def restriction_text(message: str) -> str | None:
+    """A restricted number type's refusal (jsonargparse.typing: "V does not conform to restriction v>0 and v<1") as
+    "must be > 0 and < 1, got V"; None for any other message."""
+    restricted = re.match(r"^(.*) does not conform to restriction (.+)$", message)
+    if restricted is None:
+        return None
+    bounds = re.sub(r"v([<>=!]+)", r"\1 ", restricted.group(2))  # "v>=0 and v<=1": ">= 0 and <= 1"
+    return f"must be {bounds}, got {restricted.group(1)}"
+
+
 def argument_message(error: ArgumentError, command: str) -> str:
     """jsonargparse's nested parse error of ``command``'s options as one line: the option and the innermost complaint."""
     text = str(error)
@@ -97,11 +107,7 @@ def argument_message(error: ArgumentError, command: str) -> str:
         message = f"not an option of {class_path.group(1)} (its options: {PROG} {command} --{keys[0]}.help {class_path.group(1)})"
     message = re.sub(r"^Expected a typing\.Literal\[(.+)\]\. Got value: (.*)$", r"expected one of \1, got '\2'", message)
     message = re.sub(r"^Expected a (.+)\. Got value: (.*)$", r"expected a \1, got '\2'", message)
-    # a value outside a restricted number type's range (jsonargparse.typing: "v>0 and v<1")
-    restricted = re.match(r"^(.*) does not conform to restriction (.+)$", message)
-    if restricted:
-        bounds = re.sub(r"v([<>=!]+)", r"\1 ", restricted.group(2))
-        message = f"must be {bounds}, got {restricted.group(1)}"
+    message = restriction_text(message) or message
     message = re.sub(r"^(?:could not convert string to (float)|invalid literal for (int)\(\) with base 10): (.*)$",
                      r"expected a \1\2, got \3", message)
     message = re.sub(r"^expected a (?=[aeiou])", "expected an ", message)

@@ -39,7 +39,7 @@ from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.options import ExplainerName
 from xbench_pl.outputs import OutputFolder, check_writable, write_results
-from xbench_pl.registry import RENAMED_ARGS, available, class_path, config_path, renamed_args, resolve_class
+from xbench_pl.registry import RENAMED_ARGS, available, class_path, config_path, renamed_args, renamed_key, resolve_class
 from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
 #: the end of ``test --help`` and ``fit --help``
@@ -97,7 +97,7 @@ def renamed_model_options(argv: list[str]) -> list[str]:
     for arg in argv:
         flag, eq, value = arg.partition("=")
         if flag.startswith("--model."):
-            flag = "--model." + next(iter(renamed_args({flag.removeprefix("--model."): None}, "--model.{}")))
+            flag = "--model." + renamed_key(flag.removeprefix("--model."), "--model.{}")
         out.append(flag + eq + value)
     return out
 
@@ -124,10 +124,7 @@ def renamed_model_config(value: str) -> str:
         config = yaml.safe_load(path.read_text() if path.suffix in (".yaml", ".yml") and path.is_file() else value)
     except (OSError, yaml.YAMLError):
         return value
-    init_args = config.get("init_args") if isinstance(config, dict) else None
-    if not isinstance(init_args, dict) or not set(init_args) & set(RENAMED_ARGS):
-        return value
-    return json.dumps({**config, "init_args": renamed_args(init_args, "init_args.{}", f"{value}: ")})
+    return json.dumps(config) if renamed_init_args(config, "init_args.{}", f"{value}: ") else value
 
 
 def renamed_config(config: object) -> bool:
@@ -136,9 +133,18 @@ def renamed_config(config: object) -> bool:
     found = False
     for holder in (config, *(config.get(c) for c in TRAINER_COMMANDS)) if isinstance(config, dict) else ():
         model = holder.get("model") if isinstance(holder, dict) else None
-        if isinstance(model, dict) and isinstance(model.get("init_args"), dict) and set(model["init_args"]) & set(RENAMED_ARGS):
-            model["init_args"], found = renamed_args(model["init_args"], "model.init_args.{}", "--config: "), True
+        found = renamed_init_args(model, "model.init_args.{}", "--config: ") or found
     return found
+
+
+def renamed_init_args(model: object, spelling: str, where: str) -> bool:
+    """Rename the old argument names in a ``{class_path, init_args}`` mapping's ``init_args`` (``renamed_args``), in
+    place; whether there were any."""
+    init_args = model.get("init_args") if isinstance(model, dict) else None
+    if not isinstance(init_args, dict) or not set(init_args) & set(RENAMED_ARGS):
+        return False
+    model["init_args"] = renamed_args(init_args, spelling, where)
+    return True
 
 
 def class_configs(value) -> list:
@@ -168,17 +174,22 @@ def check_hardware(trainer) -> None:
     from lightning.pytorch.accelerators import AcceleratorRegistry
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
-    given = {}
-    for option in HARDWARE_OPTIONS:
-        value = trainer.get(option)
-        if value is None or not isinstance(value, (str, int, list)):
-            continue
-        given[option] = value
+    def refusal(options: dict) -> Exception | None:
         try:
             with warnings.catch_warnings():  # the Trainer warns (16-mixed on CPU ...) when it is built
                 warnings.simplefilter("ignore")
-                _AcceleratorConnector(**given)
+                _AcceleratorConnector(**options)
         except Exception as error:  # Lightning raises ValueError, TypeError, MisconfigurationException, ModuleNotFoundError
+            return error
+        return None
+
+    given = {option: value for option in HARDWARE_OPTIONS
+             if (value := trainer.get(option)) is not None and isinstance(value, (str, int, list))}
+    if refusal(given) is None:  # one build when all is well; else option by option, to name the first that fails
+        return
+    for count, (option, value) in enumerate(given.items(), 1):
+        error = refusal(dict(list(given.items())[:count]))
+        if error is not None:
             message = " ".join(str(error).split())
             known = value in AcceleratorRegistry or value == "gpu"
             if option == "accelerator" and known and not isinstance(error, ModuleNotFoundError):  # that one says what to install
@@ -217,8 +228,8 @@ class XBenchArgumentParser(LightningArgumentParser):
 
     def _load_config_parser_mode(self, content, path="", ext_vars=None, prev_cfg=None):
         """A config file's (``--config``) old model argument names renamed first (``renamed_config``)."""
-        try:
-            config = yaml.safe_load(content)
+        try:  # parsed twice only where an old name may stand
+            config = yaml.safe_load(content) if any(old in str(content) for old in RENAMED_ARGS) else None
         except yaml.YAMLError:
             config = None  # jsonargparse says what is wrong with it
         if renamed_config(config):

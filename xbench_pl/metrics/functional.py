@@ -326,15 +326,12 @@ def finding_specificity(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor
     if k < 2:
         return torch.full((k,), float("nan"), dtype=torch.float64)
     if kernels.applies(maps, masks):  # the same counts in one pass (kernels.py)
-        inside, maximal = kernels.maximal_overlaps(maps, masks, [torch.arange(k)])[0]
-        hits = inside.double() / maximal[:, None].double()
-    else:
-        hi, lo, constant = _range(flat)
-        maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
-        # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
-        inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
-        hits = inside / maximal.sum(1, keepdim=True).double()
-    return _specificity(hits)
+        return finding_specificities(maps, masks, [torch.arange(k)])[0]
+    hi, lo, constant = _range(flat)
+    maximal = (flat >= hi - RELATIVE_TOLERANCE * (hi - lo)) | constant
+    # hits[a, b]: share of map a's maximal pixels inside region b (integer counts: exact)
+    inside = torch.stack([(maximal & region[b]).sum(1) for b in range(k)], dim=1).double()
+    return _specificity(inside / maximal.sum(1, keepdim=True).double())
 
 
 def map_similarity(saliency: torch.Tensor) -> torch.Tensor:

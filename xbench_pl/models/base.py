@@ -37,6 +37,8 @@ from xbench_pl.metrics import BenchmarkMetrics
 from xbench_pl.metrics.benchmark import checked_size_bounds, read_tuned_thresholds
 from xbench_pl.metrics.chexlocalize import full_resolution_pairs
 from xbench_pl.metrics.functional import NormalizeMode
+from xbench_pl.metrics.grounding import promoted
+from xbench_pl.models.stand_ins import stand_in_tokenizer
 from xbench_pl.metrics.resampling import image_key, unit_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
@@ -71,10 +73,8 @@ class ZeroShotOutput:
 
     def promoted(self) -> ZeroShotOutput:
         """This output with its float16/bfloat16 tensors (a reduced-precision forward's) in float32; others as they are."""
-        def up(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
-
-        return ZeroShotOutput(up(self.scores), up(self.saliency), up(self.logits))
+        logits = None if self.logits is None else promoted(self.logits)
+        return ZeroShotOutput(promoted(self.scores), promoted(self.saliency), logits)
 
 
 @dataclass
@@ -270,6 +270,13 @@ class ZeroShotModel(L.LightningModule):
         the random-weights warning names it."""
         self.stand_ins.append(what)
         return value
+
+    def tokenizer_or_stand_in(self, text, weights, load, layout: str, **options):
+        """The text folder's tokenizer (``load()``); without a text folder and weights (``random_init``) a stand-in
+        of ``layout``'s vocabulary and special ids (``stand_ins.stand_in_tokenizer(layout, **options)``)."""
+        if text is None and weights is None:
+            return self.stand_in("tokenizer", stand_in_tokenizer(layout, **options))
+        return load()
 
     def warn_random_weights(self) -> None:
         """Every model built with ``random_init=True`` and no checkpoint calls this: smoke runs only."""

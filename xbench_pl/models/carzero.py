@@ -63,7 +63,6 @@ from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 PREFIX = "CARZero."
 ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
@@ -232,10 +231,7 @@ class CARZero(ZeroShotModel):
         self.names = dict(config.get("names", {}))
         self.texts = dict(texts or {})
         self.attn_layers = list(config.get("attn_layers", [-4, -3, -2, -1]))
-        if text is None and weights is None:
-            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]["bert"]))
-        else:
-            self.tokenizer = load_tokenizer(text)
+        self.tokenizer = self.tokenizer_or_stand_in(text, weights, lambda: load_tokenizer(text), config["text"]["bert"])
         build_weights(lambda: self.build(config, base), random_init=weights is None)
         self.text.check_tokenizer(self.tokenizer, f"text folder {text}", f"wrong text folder? It needs {TEXT_HINT}")
         if self.last_layers > len(self.text.encoder.layer) + 1:

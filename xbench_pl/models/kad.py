@@ -61,7 +61,6 @@ from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatche
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           resolve_file, sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 TEXT_HINT = ("the Med-KEBERT tokenizer files from a local folder (text=DIR): vocab.txt (required), "
              "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
@@ -170,10 +169,8 @@ class KAD(ZeroShotModel):
         self.query_set = query_set
         self.max_length = int(config["text"].get("max_length", 256))
         lower_case = bool(config["text"].get("lower_case", True))
-        if text is None and weights is None:
-            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]["bert"], lower_case))
-        else:
-            self.tokenizer = load_tokenizer(text, lower_case)
+        self.tokenizer = self.tokenizer_or_stand_in(text, weights, lambda: load_tokenizer(text, lower_case), config["text"]["bert"],
+                                                    lower_case=lower_case)
         queries = yaml.safe_load(resolve_file(config["queries"], base).read_text())
         self.texts = {**queries["texts"], **(texts or {})}
         self.authors_set = tuple(queries["query_set"])

@@ -373,11 +373,8 @@ class MedKLIP(ZeroShotModel):
             raise ValueError(f"architecture {architecture!r}: map_reduce must be 'mean' or 'max', got {self.map_reduce!r}")
         self.max_length = int(config["text"].get("max_length", 64))
         self.knowledge_stand_in = knowledge is None and weights is None
-        if self.knowledge_stand_in:
-            self.read_knowledge([])
-            self.stand_ins.append("knowledge")
-        else:
-            self.read_knowledge(local_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
+        self.read_knowledge(self.stand_in("knowledge", []) if self.knowledge_stand_in
+                            else local_files(knowledge, "knowledge", self.KNOWLEDGE_HINT))
 
         self.precomputed = None if query_embeddings is None else read_query_embeddings(local_file(
             query_embeddings, "query_embeddings", "a file written by xbench_pl.models.medklip.save_query_embeddings"))

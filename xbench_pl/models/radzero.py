@@ -72,7 +72,6 @@ from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_l
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture, weights_in)
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 ARCHITECTURE_KEYS = ("vision", "text", "align", "similarity", "prompt", "preprocess")
 CHECKPOINT_HINT = ("the weights of the Hugging Face model Deepnoid/RadZero saved locally: its model.safetensors (the state "
@@ -180,10 +179,7 @@ class RadZero(ZeroShotModel):
         self.texts = dict(texts or {})
         if text is None and checkpoint is not None and Path(checkpoint).expanduser().is_dir():
             text = checkpoint
-        if text is None and weights is None:
-            self.tokenizer = self.stand_in("tokenizer", stand_in_tokenizer(config["text"]))
-        else:
-            self.tokenizer = load_tokenizer(text)
+        self.tokenizer = self.tokenizer_or_stand_in(text, weights, lambda: load_tokenizer(text), config["text"])
         build_weights(lambda: self.build(config, base), random_init=weights is None)
         self.preprocess = preprocess_from(config)
         patch = self.image.config.patch_size

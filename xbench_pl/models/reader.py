@@ -156,10 +156,11 @@ class ReaderModel(ZeroShotModel):
             raise ValueError("reader needs annotations=FILE: CheXlocalize's hb_segmentations_test.json or VinDr-CXR's "
                              "annotations_train.csv (or random_init=True for a smoke test)")
         self.annotations = None if annotations is None else str(annotations)
-        self.regions = {} if annotations is None else read_annotations(annotations)
         if annotations is None:
-            self.stand_ins.append("reader who marked nothing")
+            self.regions = self.stand_in("reader who marked nothing", {})
             self.warn_random_weights()
+        else:
+            self.regions = read_annotations(annotations)
         if salient_points is not None and not self.cxl:
             raise ValueError("reader: salient_points is read by the CheXlocalize-comparable mode only: set cxl=True "
                              "(--model.cxl true)")

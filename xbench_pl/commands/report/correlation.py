@@ -104,7 +104,7 @@ def figure_auroc_pg(runs: list[Run], path: Path):
     if fit is not None:
         slope, intercept, r2 = fit
         ax.plot([0, 1], [intercept, slope + intercept], "k--", linewidth=1,
-                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {'undefined (AUROC constant)' if r2 is None else f'{r2:.3f}'}")
+                label=f"fit: AUROC = {slope:.2f} PG + {intercept:.2f}, R² = {r2_text(r2, len(points))}")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Pointing Game (per finding)", ylabel="AUROC (per finding)")
     merged = any(n > 1 for mine in placed.values() for *_, n in mine)
     ax.set_title(f"Recognition against grounding: {len(points)} (run, dataset, finding) points"

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import get_args
 
 from xbench_pl.commands.report.figures import new_figure, save, wrapped
 from xbench_pl.commands.report.page import Section
 from xbench_pl.commands.report.runs import Run, datasets
 from xbench_pl.commands.report.tables import LONG, SHORT, cell, mean, spread
+from xbench_pl.options import ExplainerName
 
-#: the explainers in the order of ``xbench_pl.options.ExplainerName`` (not imported: the report runs without torch);
-#: a name not listed here comes after them
-EXPLAINERS = ("native", "gradcam", "gradcam++", "hirescam", "layercam", "xgradcam", "eigencam", "scorecam", "rollout", "chefer")
+#: the explainers in the order of ``xbench_pl.options.ExplainerName``; a name not listed here comes after them
+EXPLAINERS = get_args(ExplainerName)
 #: the keys of the model x explainer tables (per dataset, macro means over findings)
 EXPLAINER_KEYS = ("pointing_game", "dice@0.5", "dice_best")
 EXPLAINER_FIGURE = "pointing_game_by_explainer.png"

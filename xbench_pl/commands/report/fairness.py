@@ -9,6 +9,7 @@ from pathlib import Path
 from xbench_pl.commands.report.page import Section
 from xbench_pl.commands.report.runs import Run, datasets
 from xbench_pl.commands.report.tables import SHORT, cell
+from xbench_pl.data.groups import UNKNOWN
 
 #: the keys of the fairness tables, per group value
 FAIRNESS_KEYS = ("pointing_game", "dice_best", "auroc")
@@ -23,7 +24,7 @@ def fairness(runs: list[Run]) -> dict:
     for dataset in datasets(runs):
         for run in runs:
             for group, entry in (run.datasets.get(dataset, {}).get("by_group") or {}).items():
-                values = [v for v in entry.get("n_images", {}) if v != "unknown"]
+                values = [v for v in entry.get("n_images", {}) if v != UNKNOWN]
                 place = out.setdefault(dataset, {}).setdefault(group, {"values": [], "runs": {}})
                 place["values"] += [v for v in values if v not in place["values"]]
                 rows = {}
@@ -42,7 +43,7 @@ def _with_ci(value, ci) -> str:
 
 
 def fairness_count_table(entry: dict) -> tuple[list[str], list[list[str]]]:
-    values = [*entry["values"], "unknown"]
+    values = [*entry["values"], UNKNOWN]
     return ["run", *(f"n {v}" for v in values)], [[name, *(str(r["n_images"].get(v, "–")) for v in values)] for name, r in entry["runs"].items()]
 
 

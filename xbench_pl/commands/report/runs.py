@@ -18,12 +18,14 @@ def explainer_name(metrics: dict) -> str:
 @dataclass
 class Run:
     """One run: ``name``, its label in every section; ``setting_name``, the same without its explainer (the row of
-    the model × explainer tables); ``datasets``, its tables by the report's dataset names (``image_sets``)."""
+    the model × explainer tables); ``shown``, the settings its label names (those where runs differ); ``datasets``,
+    its tables by the report's dataset names (``image_sets``)."""
     name: str
     folder: Path
     metrics: dict
     setting: dict = field(default_factory=dict)
     setting_name: str = ""
+    shown: dict = field(default_factory=dict)
     datasets: dict = field(default_factory=dict)
 
     @property
