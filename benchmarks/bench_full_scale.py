@@ -21,16 +21,12 @@ memory (cuda) or the process's peak RSS (cpu); and the metric update of the same
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import resource
-import sys
-import tempfile
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,10 +35,7 @@ import xbench_pl
 from xbench_pl.data.base import Batch
 from xbench_pl.data.vocabulary import dataset_classes
 from xbench_pl.metrics import BenchmarkMetrics
-from xbench_pl.registry import available, read_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import model_kwargs  # noqa: E402  (stand-in tokenizers and knowledge files)
+from xbench_pl.registry import available
 
 EVAL_SIZE = 512
 
@@ -118,9 +111,9 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: the process's peak RSS
 
 
-def run_model(name: str, kwargs: dict, args, device: torch.device) -> dict:
+def run_model(name: str, args, device: torch.device) -> dict:
     """One model over ``--limit`` images of every dataset: seconds per part, projected to the full benchmark."""
-    model = build(name, kwargs).to(device).eval()
+    model = build(name).to(device).eval()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if args.precision == "bf16-mixed" else torch.float16)
@@ -168,11 +161,9 @@ def run_model(name: str, kwargs: dict, args, device: torch.device) -> dict:
             "metric cpu numba (ms/img)": 1e3 * metric_cpu / images if device.type != "cpu" else None}
 
 
-def build(name: str, kwargs: dict):
-    """A registered model at full size, with random weights where it has any (``random_init``)."""
-    cls, _ = read_config("models", name)
-    random = {"random_init": True} if "random_init" in inspect.signature(cls.__init__).parameters else {}
-    return xbench_pl.create_model(name, **random, **kwargs)
+def build(name: str):
+    """A registered model at full size, with random weights (``random_init``: no file needed, stand-in tokenizers)."""
+    return xbench_pl.create_model(name, random_init=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,18 +185,12 @@ def main(argv: list[str] | None = None) -> None:
               "peak GPU (GB)" if device.type == "cuda" else "peak RSS (GB)", f"metric on {device.type} (ms/img)",
               "metric CPU numba (ms/img)"]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    with tempfile.TemporaryDirectory() as scratch:
-        kwargs = model_kwargs(args.models, Path(scratch))
-        for name in args.models:
-            try:
-                row = run_model(name, kwargs.get(name, {}), args, device)
-            except Exception as error:  # a model that needs files random_init does not replace: say so, go on
-                print(f"| `{name}` | skipped: {type(error).__name__}: {str(error).splitlines()[0][:120]} |", flush=True)
-                continue
-            numba = row["metric cpu numba (ms/img)"]
-            print(f"| `{name}` | {row['input']} | {row['images/s']:.2f} | {row['full (s)']:,.0f} | {row['compute (s)']:.1f} | {row['forward']:.0%} | "
-                  f"{row['loading']:.0%} | {row['metric update']:.0%} | {row['compute']:.0%} | {row['peak (GB)']:.2f} | "
-                  f"{row['metric device (ms/img)']:.1f} | {'–' if numba is None else f'{numba:.1f}'} |", flush=True)
+    for name in args.models:
+        row = run_model(name, args, device)
+        numba = row["metric cpu numba (ms/img)"]
+        print(f"| `{name}` | {row['input']} | {row['images/s']:.2f} | {row['full (s)']:,.0f} | {row['compute (s)']:.1f} | {row['forward']:.0%} | "
+              f"{row['loading']:.0%} | {row['metric update']:.0%} | {row['compute']:.0%} | {row['peak (GB)']:.2f} | "
+              f"{row['metric device (ms/img)']:.1f} | {'–' if numba is None else f'{numba:.1f}'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -69,12 +69,12 @@ def test_user_error_lines(capsys, argv, line):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU that is not there")
-def test_a_gpu_that_is_not_there_is_one_line_before_the_model_loads():
+def test_a_gpu_that_is_not_there_is_one_line_before_the_model_loads(capsys):
     """The README's GPU command on a machine without one: one line, exit 2, before the model (a missing checkpoint
     here) or the data (no root) is touched."""
-    result = cli("test", "--model", "clip", "--model.checkpoint", "/no/ViT-B-16.pt", "--data", "nih_bbox",
-                 "--trainer.accelerator", "gpu", "--trainer.devices", "8", "--trainer.strategy", "ddp")
-    assert (result.returncode, result.stderr) == (2, "error: --trainer.accelerator: no gpu device on this machine (available here: cpu)\n")
+    code, _, err = run(capsys, "test", "--model", "clip", "--model.checkpoint", "/no/ViT-B-16.pt", "--data", "nih_bbox",
+                       "--trainer.accelerator", "gpu", "--trainer.devices", "8", "--trainer.strategy", "ddp")
+    assert (code, err) == (2, "error: --trainer.accelerator: no gpu device on this machine (available here: cpu)\n")
 
 
 @pytest.mark.parametrize("option, value, says", [

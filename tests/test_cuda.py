@@ -20,9 +20,9 @@ import biovil_reference
 import chexzero_reference
 import radzero_reference
 from test_cli import cli, in_process
-from test_explainers_cli import leaves
+from test_explainers_cli import assert_same_report
 from test_explainers_families import builders  # noqa: F401  (a fixture: tiny random models of seven families)
-from test_multinode import two_nodes
+from test_multinode import eleven_images, two_nodes
 from test_precision import LINEAR, assert_promoted, assert_valid, fit_validation, recorded, report, run_and_replay, tiny_clip
 
 import xbench_pl
@@ -79,18 +79,6 @@ def cuda_test(model, precision: str, callbacks=(), accelerator: str = "gpu") -> 
     assert_promoted(entries, "cpu" if accelerator == "cpu" else "cuda")
     assert forwards and all(f["autocast"] == (precision != "32-true") for f in forwards)
     return model.results
-
-
-def assert_same_report(a: dict, b: dict, tolerance: float = 1e-12) -> None:
-    """Integer (and string, null) leaves exact; float leaves equal or within ``tolerance`` (NaN matches NaN)."""
-    left, right = dict(leaves(a)), dict(leaves(b))
-    assert left.keys() == right.keys()
-    for path, x in left.items():
-        y = right[path]
-        if isinstance(x, float) and isinstance(y, float):
-            assert (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tolerance, (path, x, y)
-        else:
-            assert type(x) is type(y) and x == y, (path, x, y)
 
 
 def replay_matches_cpu(tmp_path: Path, device: str) -> None:
@@ -161,14 +149,6 @@ def test_store_replay_on_cuda_equals_cpu(tmp_path):
     replay_matches_cpu(tmp_path, "cuda")
 
 
-def eleven_images(tmp_path: Path) -> list[str]:
-    """``test`` options on the first 11 demo images (an odd split over 2 ranks) with the pixel-dependent model on one GPU."""
-    split = tmp_path / "split.csv"
-    split.write_text("image_id\n" + "\n".join(sorted(r.image_id for r in DemoDataModule().load_records())[:11]) + "\n")
-    return ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
-            "--data.batch_size", "3", "--trainer.accelerator", "gpu", "--model.bootstrap", "50"]
-
-
 def without_provenance(folder: Path) -> dict:
     value = json.loads((folder / "metrics.json").read_text())
     assert value.pop("provenance")["world_size"] in (1, 2)
@@ -177,7 +157,7 @@ def without_provenance(folder: Path) -> dict:
 
 @pytest.mark.cuda
 def test_two_nodes_sharing_one_gpu_over_gloo_equal_one_process(tmp_path):
-    common = eleven_images(tmp_path)
+    common = eleven_images(tmp_path, "gpu")
     gloo = tmp_path / "gloo.yaml"  # NCCL refuses two ranks on one GPU
     gloo.write_text("trainer:\n  strategy:\n    class_path: lightning.pytorch.strategies.DDPStrategy\n"
                     "    init_args:\n      process_group_backend: gloo\n")
@@ -190,7 +170,7 @@ def test_two_nodes_sharing_one_gpu_over_gloo_equal_one_process(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL across GPUs needs two of them")
 def test_two_gpus_over_nccl_equal_one_process(tmp_path):
-    common = eleven_images(tmp_path)
+    common = eleven_images(tmp_path, "gpu")  # the one process on one GPU (devices would default to every GPU)
     one = in_process(*common, "--trainer.devices", "1", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     two = cli(*common, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path / "two"))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_explainers_cli import assert_same_report
 from test_metric_kernels import hard_pairs, same
 from xbench_pl.metrics import BenchmarkMetrics, device_kernels, functional, kernels
 from xbench_pl.metrics.functional import default_thresholds
@@ -153,25 +154,6 @@ def benchmark_table(device: str, cast=lambda maps: maps) -> str:
     return json.dumps(metrics.compute())
 
 
-def assert_tables_match(table: str, expected: str, tolerance: float) -> None:
-    """Integers (counts) and None equal, floats within ``tolerance``, the same keys everywhere."""
-    def walk(a, b, where):
-        assert type(a) is type(b), where
-        if isinstance(a, dict):
-            assert a.keys() == b.keys(), where
-            for key in a:
-                walk(a[key], b[key], f"{where}/{key}")
-        elif isinstance(a, list):
-            assert len(a) == len(b), where
-            for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{where}[{i}]")
-        elif isinstance(a, float):
-            assert abs(a - b) <= tolerance, (where, a, b)
-        else:
-            assert a == b, where
-    walk(json.loads(table), json.loads(expected), "")
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_benchmark_table_identical_on_the_torch_path(device):
     """On CPU tensors every key of the table, integer and float, is identical: the grounding statistics come from
@@ -183,7 +165,7 @@ def test_benchmark_table_identical_on_the_torch_path(device):
     expected = benchmark_table("cpu")
     if device == "cpu":
         assert vectorised == expected
-    assert_tables_match(vectorised, expected, 0.0 if device == "cpu" else 1e-12)
+    assert_same_report(json.loads(vectorised), json.loads(expected), 0.0 if device == "cpu" else 1e-12)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -192,4 +174,5 @@ def test_reduced_precision_maps_are_promoted_once(device, dtype):
     """bf16/fp16 maps give the table of their values in float32 (promoted where they enter the metrics)."""
     with torch_path(device):
         reduced = benchmark_table(device, lambda maps: maps.to(dtype))
-    assert_tables_match(reduced, benchmark_table("cpu", lambda maps: maps.to(dtype).float()), 0.0 if device == "cpu" else 1e-12)
+    expected = benchmark_table("cpu", lambda maps: maps.to(dtype).float())
+    assert_same_report(json.loads(reduced), json.loads(expected), 0.0 if device == "cpu" else 1e-12)

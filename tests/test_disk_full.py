@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import REPO, in_process
+from test_demo import files
 
 from xbench_pl.outputs import OutputError, OutputFolder, atomic_write
 
@@ -34,10 +35,6 @@ class FullDisk:
                 self.real(fd, bytes(data)[: len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device")
         return self.real(fd, data)
-
-
-def files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_atomic_write_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
@@ -100,7 +97,7 @@ def test_a_run_that_finds_the_disk_full_at_any_write(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     callbacks = tmp_path / "png.yaml"  # callbacks/png.yaml with one heatmap per finding: fewer figures to draw
     callbacks.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 1"))
-    argv = ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "20", "--config", str(callbacks),
+    argv = ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "2", "--config", str(callbacks),
             "--trainer.enable_progress_bar", "false"]
     whole = tmp_path / "whole"
     count = FullDisk(whole)

@@ -5,6 +5,7 @@ explainer refused to another."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -27,6 +28,18 @@ def leaves(tree, path=""):
             yield from leaves(value, f"{path}/{index}")
     else:
         yield path, tree
+
+
+def assert_same_report(a: dict, b: dict, tolerance: float = 1e-12) -> None:
+    """Integer (and string, null) leaves exact; float leaves equal or within ``tolerance`` (NaN matches NaN)."""
+    left, right = dict(leaves(a)), dict(leaves(b))
+    assert left.keys() == right.keys()
+    for path, x in left.items():
+        y = right[path]
+        if isinstance(x, float) and isinstance(y, float):
+            assert (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tolerance, (path, x, y)
+        else:
+            assert type(x) is type(y) and x == y, (path, x, y)
 
 
 @pytest.mark.parametrize("explainer", ["gradcam", "chefer"])

@@ -4,7 +4,6 @@ them, and ``random_init`` without any file (stand-in tokenizers, text configs, k
 import inspect
 import json
 import re
-import sys
 import warnings
 from pathlib import Path
 
@@ -12,14 +11,13 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-import kad_reference  # noqa: E402
-from test_cli import in_process  # noqa: E402
+import kad_reference
+from test_cli import in_process
 
-import xbench_pl  # noqa: E402
-from xbench_pl.models.base import ZeroShotModel  # noqa: E402
-from xbench_pl.models.stand_ins import LAYOUTS, stand_in_tokenizer  # noqa: E402
-from xbench_pl.registry import RENAMED_ARGS, available, read_config  # noqa: E402
+import xbench_pl
+from xbench_pl.models.base import ZeroShotModel
+from xbench_pl.models.stand_ins import LAYOUTS, stand_in_tokenizer
+from xbench_pl.registry import RENAMED_ARGS, available, read_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 #: what each model made up for its missing files with random_init and no checkpoint

@@ -40,12 +40,16 @@ def two_nodes(args: list[str], out: Path) -> None:
         assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
 
 
-def test_two_nodes_one_process_each_equal_one_process(tmp_path):
-    ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
+def eleven_images(tmp_path: Path, accelerator: str) -> list[str]:
+    """``test`` options on the first 11 demo images (an odd split over 2 ranks) with the pixel-dependent model."""
     split = tmp_path / "split.csv"
-    split.write_text("image_id\n" + "\n".join(ids) + "\n")
-    common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
-              "--data.batch_size", "3", "--trainer.accelerator", "cpu", "--model.bootstrap", "50"]
+    split.write_text("image_id\n" + "\n".join(sorted(r.image_id for r in DemoDataModule().load_records())[:11]) + "\n")
+    return ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
+            "--data.batch_size", "3", "--trainer.accelerator", accelerator, "--model.bootstrap", "50"]
+
+
+def test_two_nodes_one_process_each_equal_one_process(tmp_path):
+    common = eleven_images(tmp_path, "cpu")
     one = in_process(*common, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     two_nodes([*common, "--trainer.strategy", "ddp"], tmp_path)

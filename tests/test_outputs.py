@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import REPO, cli, in_process
+from test_disk_full import FullDisk
 
 from xbench_pl.commands import main
 from xbench_pl.outputs import OutputError, check_writable
@@ -100,14 +101,7 @@ def test_results_that_cannot_be_written_go_to_a_fallback_folder(tmp_path, capsys
     assert main([*argv, "--out", str(tmp_path / "written")]) == 0
     capsys.readouterr()
     out = tmp_path / "full_disk"
-    write = os.write
-
-    def disk_full(fd, data):  # the disk fills up after the run, when the results are written
-        if Path(os.readlink(f"/proc/self/fd/{fd}")).parent == out:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return write(fd, data)
-
-    monkeypatch.setattr(os, "write", disk_full)
+    monkeypatch.setattr(os, "write", FullDisk(out, at=1))  # the disk fills up after the run, when the results are written
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the fallback's folder
     code, err = run(capsys, *argv, "--out", str(out))
     fallback = next(tmp_path.glob("xbench-full_disk-*"))

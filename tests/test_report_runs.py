@@ -22,7 +22,6 @@ def test_one_run_has_one_label_in_every_section(tmp_path):
     """A sweep over prompts x explainers (no params.json), a repeat of one of its runs elsewhere, with subgroups, and a
     reader: Table 1, the per-finding, explainer, fairness and reader tables, the figures' runs and report.json name
     each run alike; the model x explainer rows are those labels without the explainer."""
-    folders = []
     for i, (prompt, explainer) in enumerate((p, e) for p in PROMPTS for e in ("native", "gradcam")):
         explained_run(tmp_path / "sweep" / "runs" / f"r{i}", "clip", explainer, 40 + i, _config(prompt, explainer))
         _edit(tmp_path / "sweep" / "runs" / f"r{i}", lambda m: add_groups(m, 0.01 * i))

@@ -2,13 +2,11 @@
 number of images or the size of their maps (issue 30: 3.4 GB on the 12-image demo, from one update of
 every image's 512² box maps and a ``[B, C, C, h * w]`` product in ``map_similarity``)."""
 
-import csv
-
 import torch
+from test_score_boxes import truth, write_csv  # noqa: F401  (truth: a fixture)
 from torch.profiler import ProfilerActivity, profile
 
 from xbench_pl.commands import main
-from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.metrics.functional import map_similarity
 from xbench_pl.predictions import Replayer
 
@@ -24,7 +22,7 @@ def test_map_similarity_allocates_no_product_of_all_pairs():
     assert max(event.cpu_memory_usage for event in prof.events()) <= one_copy  # (the pairwise product: C = 6 copies)
 
 
-def test_score_boxes_feeds_the_metrics_a_bounded_share_of_maps(tmp_path, monkeypatch):
+def test_score_boxes_feeds_the_metrics_a_bounded_share_of_maps(truth, tmp_path, monkeypatch):
     fed = []
 
     def zero_shot(self, images, classes):
@@ -32,11 +30,7 @@ def test_score_boxes_feeds_the_metrics_a_bounded_share_of_maps(tmp_path, monkeyp
         return self.answer
 
     monkeypatch.setattr(Replayer, "zero_shot", zero_shot)
-    with open(ensure_demo() / "nih" / "BBox_List_2017.csv", newline="") as handle:
-        rows = list(csv.reader(handle))[1:]
-    boxes = tmp_path / "boxes.csv"
-    boxes.write_text("image_id,finding,x_min,y_min,x_max,y_max\n" + "".join(
-        f"{i},{f},{x},{y},{float(x) + float(w)},{float(y) + float(h)}\n" for i, f, x, y, w, h, *_ in rows))
+    boxes = write_csv(tmp_path / "boxes.csv", truth)
     assert main(["score", "--boxes", str(boxes), "--data", "demo", "--out", str(tmp_path / "out"), "--bootstrap", "0"]) == 0
     assert sum(shape[0] for shape in fed) == 12 and fed[0][-2:] == (512, 512)  # every image, maps on the eval grid
     assert max(shape.numel() * 4 for shape in fed) <= UPDATE_BYTES
