@@ -17,6 +17,8 @@ gives its part (None: nothing to show for these runs):
 - ``findings``: per dataset, the per-finding tables;
 - ``saved``: the calibration plots and heatmap samples the runs saved.
 
+``--against paper`` adds ``paper`` after Table 1: each cell beside the value the paper published (``AGAINST``).
+
 Every section names a run by one label (``runs.label_runs``: ``clip [gradcam]``), and a dataset whose runs saw
 different images by its image set (``runs.image_sets``: ``demo (8 images)``). ``page`` writes the sections as
 markdown and HTML, ``tables`` and ``figures`` hold what the sections' tables and figures share. Figures are drawn
@@ -29,11 +31,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Literal, Optional
 
 from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.commands.report import correlation, explainers, fairness, findings, reader, saved, table1
+from xbench_pl.console import wrap
+from xbench_pl.commands.report import correlation, explainers, fairness, findings, paper, reader, saved, table1
 from xbench_pl.commands.report.correlation import r2_text
 from xbench_pl.commands.report.page import Section, markdown, page
 from xbench_pl.commands.report.runs import Run, find_runs, image_sets
@@ -41,6 +45,8 @@ from xbench_pl.outputs import atomic_write, check_writable, write_whole
 
 #: the page's sections in order (after ``opening``)
 SECTIONS = (table1, explainers, reader, fairness, correlation, findings, saved)
+#: sections added by ``--against NAME``, after Table 1
+AGAINST = {"paper": paper}
 
 
 def opening(runs: list[Run]) -> Section:
@@ -57,11 +63,15 @@ def opening(runs: list[Run]) -> Section:
     return out
 
 
-def build(runs: list[Run], out: Path) -> dict:
-    """Write ``report.md``, ``report.html``, ``report.json`` and ``figures/``; return what ``report.json`` holds."""
+def build(runs: list[Run], out: Path, against: str | None = None) -> dict:
+    """Write ``report.md``, ``report.html``, ``report.json`` and ``figures/``; return what ``report.json`` holds.
+    ``against``: a key of ``AGAINST``, whose section follows Table 1."""
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    sections = [opening(runs), *(s for module in SECTIONS if (s := module.section(runs, figures)) is not None)]
+    modules = list(SECTIONS)
+    if against is not None:
+        modules.insert(modules.index(table1) + 1, AGAINST[against])
+    sections = [opening(runs), *(s for module in modules if (s := module.section(runs, figures)) is not None)]
     report = {"runs": [{"name": r.name, "folder": str(r.folder), "model": r.model, "explainer": r.explainer,
                         "datasets": list(r.datasets)} for r in runs]}
     for section in sections:
@@ -77,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("runs", type=str, nargs="+", help="run folders (test --out) or sweep folders (sweep --out)")
     parser.add_argument("--out", type=str, default="report", help="folder for report.md, report.html and figures/")
+    parser.add_argument("--against", type=Optional[Literal[tuple(AGAINST)]], default=None,
+                        help="paper: each cell beside the value XBench published (arXiv 2510.19599), with the difference "
+                             "and whether it lies in our bootstrap interval")
     try:
         args = parser.parse_args(argv)
     except Exception as error:
@@ -89,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     check_writable({"--out": args.out})
     out = Path(args.out)
-    overall = write_whole(out, lambda folder: build(runs, folder))["auroc_vs_pointing_game"]["overall"]
+    report = write_whole(out, lambda folder: build(runs, folder, args.against))
+    overall = report["auroc_vs_pointing_game"]["overall"]
     print(f"{len(runs)} run(s); AUROC vs Pointing Game: {overall['n']} points, R² = {r2_text(overall['r2'], overall['n'])}")
+    if args.against == "paper":
+        s = report["against_paper"]["summary"]
+        print(wrap(f"against the paper: {s['cells']} cell(s), {s['inside']} of {s['with_interval']} with an interval hold "
+                   f"the paper's value, {s['flagged']} flagged (protocol differs)"))
     print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'report.json'}")
     return 0
 
