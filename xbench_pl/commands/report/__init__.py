@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal, Optional
 
 from jsonargparse import ArgumentParser
 
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m xbench_pl report", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("runs", type=str, nargs="+", help="run folders (test --out) or sweep folders (sweep --out)")
     parser.add_argument("--out", type=str, default="report", help="folder for report.md, report.html and figures/")
-    parser.add_argument("--against", type=Optional[Literal[tuple(AGAINST)]], default=None,
+    parser.add_argument("--against", choices=list(AGAINST), default=None,
                         help="paper: each cell beside the value XBench published (arXiv 2510.19599), with the difference "
                              "and whether it lies in our bootstrap interval")
     try:
