@@ -164,7 +164,7 @@ def test_hand_built_cells_inside_and_outside_their_interval(hand_built):
     assert atelectasis["flags"] == ["Table 4 gives CARZero a mean of 48.96, Table 1 48.38: the paper's per-class cells come "
                                     "from another image set or aggregation"]
     det10 = cells[CARZERO, "ChestX-Det10", None, "pointing_game"]
-    assert det10["flags"] == ["ChestX-Det10: the paper's mean is over 10 classes, this run's over 2"]
+    assert det10["flags"] == ["ChestX-Det10, classes in the mean: the paper 10, this run 2"]
     assert not any(c["finding"] == "Nodule (NOD)" and c["inside"] is not None for c in cells.values())  # no class interval
     delta = cells["carzero", None, None, "delta_dice"]  # per model: over its runs
     assert delta["ours"] == pytest.approx(100 * (0.06 + 0.03) / 2) and delta["paper"] == 5.9
@@ -175,7 +175,7 @@ def test_hand_built_flags_and_what_is_not_compared(hand_built):
     kad = [c for c in _cells(hand_built) if c["model"] == "KAD" and c["dataset"] == "COVID-19 (Rural)"]
     assert [c["metric"] for c in kad] == ["pointing_game", "dice_best", "iou_best"]
     assert kad[0]["flags"] == ["maps from the gradcam explainer; the paper's are the models' own (native)",
-                               "COVID-19 (Rural): the paper scored 32 (image, finding) pairs, this run 40"]
+                               "COVID-19 (Rural), (image, finding) pairs scored: the paper 32, this run 40"]
     report = json.loads((hand_built / "out" / "report.json").read_text())["against_paper"]
     assert report["not_compared"] == {"runs": ["center"], "datasets": ["demo"]}
     md = (hand_built / "out" / "report.md").read_text()
@@ -183,7 +183,7 @@ def test_hand_built_flags_and_what_is_not_compared(hand_built):
     assert "| sweeps/models/carzero.yaml | Dice best | 40.00 | 36.64 | +3.36 | [38.00, 42.00] | no |  |" in md
     assert "| sweeps/models/carzero.yaml | IoU best | 25.00 | 24.26 | +0.74 | – | – |  |" in md
     assert re.search(r"\| kad \[gradcam\] \| Pointing Game \| 50\.00 \| 6\.25 \| \+43\.75 \| \[45\.00, 52\.00\] \| no \| 1, 2 \|", md)
-    assert "1. maps from the gradcam explainer" in md and "2. COVID-19 (Rural): the paper scored 32" in md
+    assert "1. maps from the gradcam explainer" in md and "2. COVID-19 (Rural), (image, finding) pairs scored: the paper 32, this run 40" in md
     assert md.index("## Grounding per dataset and model") < md.index("## Against the paper") < md.index("## Recognition")
 
 
@@ -222,7 +222,7 @@ def test_the_papers_sweep_expands_to_its_49_runs_by_name(tmp_path, capsys):
 
 def test_a_papers_sweep_command_parses_to_its_settings(capsys):
     """One of the 49 commands through the CLI's parser (``--print_config``: nothing built, no weights, no network)."""
-    command = sweep.plan(sweep.read_sweep(PAPER_SWEEP), Path("unused"))[12].command
+    command = sweep.plan(sweep.read_sweep(PAPER_SWEEP), Path("unused"))[11].command
     argv = command[command.index("test"):-2]  # without --out
     with pytest.raises(SystemExit) as exit_:
         cli_main([*argv, "--print_config"])
@@ -282,9 +282,9 @@ def test_demo_sweep_cells_are_the_runs_values_in_percent(demo_sweep):
         assert c["ci"] == pytest.approx([100 * low, 100 * high]) and c["inside"] == (100 * low - 0.005 <= c["paper"] <= 100 * high + 0.005)
         assert c["flags"][0].startswith("random weights")
     nih = [c for c in table1 if c["dataset"] == "ChestX-ray14 (NIH boxes)"]
-    assert "ChestX-ray14 (NIH boxes): the paper scored 880 images, this run 12" in nih[0]["flags"]
+    assert "ChestX-ray14 (NIH boxes), images scored: the paper 880, this run 12" in nih[0]["flags"]
     per_class = [c for c in cells if c["source"] == "Table 3"]
-    assert len(per_class) == 8 and {c["finding"] for c in per_class} >= {"Pleural Effusion (EFF)", "Atelectasis (ATE)"}
+    assert len(per_class) == 8 and all(c["flags"] == nih[0]["flags"] for c in per_class)  # the same images and {c["finding"] for c in per_class} >= {"Pleural Effusion (EFF)", "Atelectasis (ATE)"}
     md = (demo_sweep / "report" / "report.md").read_text()
     assert "### Table 1 · ChestX-ray14 (NIH boxes) (`nih_bbox`)" in md and "### Table 3 · ChestX-ray14 (NIH boxes)" in md
     assert "### Table 1 · Pneumothorax (SIIM) (`siim_pneumothorax`)" in md and "### Fig. 4 · ΔDice" in md

@@ -89,22 +89,17 @@ def run_flags(run: Run) -> list[str]:
     return flags
 
 
-def count_flags(table: dict, dataset: str) -> list[str]:
-    """Where a dataset's table counts other than the paper: images (known for NIH), scored pairs (COVID-19) or
-    classes with a region."""
+def count_flags(table: dict, dataset: str, mean: bool = True) -> list[str]:
+    """Where a dataset's table counts other than the paper: images (known for NIH), scored pairs (COVID-19) and, for
+    its ``mean``, classes with a region."""
     known = paper_values()["protocol"].get(dataset, {})
     rows = table.get("classes", {})
-    flags = []
-    images = image_count(table)
-    if "images" in known and images != known["images"]:
-        flags.append(f"{dataset}: the paper scored {known['images']} images, this run {images}")
-    pairs = sum(row.get("n_regions") or 0 for row in rows.values())
-    if "pairs" in known and pairs != known["pairs"]:
-        flags.append(f"{dataset}: the paper scored {known['pairs']} (image, finding) pairs, this run {pairs}")
-    classes = sum(1 for row in rows.values() if row.get("n_regions"))
-    if "classes" in known and classes != known["classes"]:
-        flags.append(f"{dataset}: the paper's mean is over {known['classes']} classes, this run's over {classes}")
-    return flags
+    counts = {"images": image_count(table), "pairs": sum(row.get("n_regions") or 0 for row in rows.values())}
+    if mean:
+        counts["classes"] = sum(1 for row in rows.values() if row.get("n_regions"))
+    what = {"images": "images scored", "pairs": "(image, finding) pairs scored", "classes": "classes in the mean"}
+    return [f"{dataset}, {what[key]}: the paper {known[key]}, this run {counts[key]}"
+            for key in counts if key in known and counts[key] != known[key]]
 
 
 def _ci(table: dict, metric: str, finding: str | None) -> list[float] | None:
@@ -125,7 +120,7 @@ def class_cells(run: Run, model: str, dataset: str, table: dict) -> list[Cell]:
     """The run's per-class cells of the paper's per-class table of ``dataset`` (classes both have)."""
     cells = []
     for spec in (s for s in paper_values()["per_class"] if s["dataset"] == dataset and model in s["values"]):
-        flags = run_flags(run)
+        flags = run_flags(run) + count_flags(table, dataset, mean=False)
         table1 = paper_values()["table1"]["values"][model][dataset]["Point"]
         if abs(spec["mean"][model] - table1) > spec["precision"] / 2:
             flags.append(f"{spec['table']} gives {model} a mean of {spec['mean'][model]:.2f}, Table 1 {table1:.2f}: the paper's "
