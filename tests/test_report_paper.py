@@ -4,6 +4,7 @@ interval or not, flagged where the protocol knowingly differs (hand-built runs);
 CLIP on the demo data, laid out as ``sweeps/xbench_paper.yaml`` runs, in report.md and report.html (headless
 Chromium); and the paper's sweep expands to its 49 runs."""
 
+import csv
 import json
 import os
 import re
@@ -292,6 +293,16 @@ def test_demo_sweep_cells_are_the_runs_values_in_percent(demo_sweep):
     md = (demo_sweep / "report" / "report.md").read_text()
     assert "### Table 1 · ChestX-ray14 (NIH boxes) (`nih_bbox`)" in md and "### Table 3 · ChestX-ray14 (NIH boxes)" in md
     assert "### Table 1 · Pneumothorax (SIIM) (`siim_pneumothorax`)" in md and "### Fig. 4 · ΔDice" in md
+
+
+def test_demo_sweep_resumes_where_it_stopped(demo_sweep):
+    """Started again with the same --out, the finished runs are skipped, not run again."""
+    folders = sorted((demo_sweep / "sweep" / "runs").glob("*/metrics.json"))
+    kept = [p.stat().st_mtime_ns for p in folders]
+    assert sweep.main([str(demo_sweep / "sweep.yaml"), "--out", str(demo_sweep / "sweep")]) == 0
+    with (demo_sweep / "sweep" / "summary.csv").open() as f:
+        assert [row["status"] for row in csv.DictReader(f)] == ["skipped (done)"] * 2
+    assert [p.stat().st_mtime_ns for p in folders] == kept
 
 
 def test_demo_sweep_report_renders_in_a_headless_browser(demo_sweep):
