@@ -25,7 +25,8 @@ from xbench_pl.console import is_rank_zero, wrap
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
-            "sweep": "sweep", "report": "report", "export": "export", "store": "store"}
+            "sweep": "sweep", "report": "report", "export": "export", "store": "store",
+            "weights": "weights"}
 
 
 def usage() -> str:
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from xbench_pl.commands.early import trainer_problem
 
         problem = trainer_problem(rest)
+        if not problem:
+            from xbench_pl.commands.early import released_weights
+
+            rest, problem = released_weights(rest)
         if problem:
             print_error(problem)
             return 2
