@@ -256,13 +256,14 @@ def download(source: Source, name: str, partial: Path, commit: str | None, quiet
 
 
 def hub_download(repo: str, name: str, revision: str, folder: Path, quiet: bool, what: str) -> tuple[Path, str]:
-    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import (FileMetadataError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         OfflineModeIsEnabled)
 
+    endpoint = hub_endpoint()
     try:
-        commit = get_hf_file_metadata(hf_hub_url(repo, name, revision=revision, endpoint=constants.ENDPOINT)).commit_hash
-        path = hf_hub_download(repo, name, revision=commit or revision, local_dir=folder, endpoint=constants.ENDPOINT,
+        commit = get_hf_file_metadata(hf_hub_url(repo, name, revision=revision, endpoint=endpoint)).commit_hash
+        path = hf_hub_download(repo, name, revision=commit or revision, local_dir=folder, endpoint=endpoint,
                                tqdm_class=_silent() if quiet else None)
     except OfflineModeIsEnabled as error:
         raise WeightsError(f"{what}: HF_HUB_OFFLINE is set; unset it to pull {repo}") from error
@@ -272,8 +273,15 @@ def hub_download(repo: str, name: str, revision: str, folder: Path, quiet: bool,
                                         f"https://huggingface.co/{repo}", isinstance(error, GatedRepoError))) from error
     except (LocalEntryNotFoundError, FileMetadataError) as error:  # no answer, or no hub answering
         raise WeightsError(f"{what}: {repo}@{revision}: {name}: the hub did not answer as a hub "
-                           f"({constants.ENDPOINT}): {str(error).splitlines()[0]}; pull again to resume") from error
+                           f"({endpoint}): {str(error).splitlines()[0]}; pull again to resume") from error
     return Path(path), commit
+
+
+def hub_endpoint() -> str:
+    """``$HF_ENDPOINT`` as it is now (huggingface_hub reads it once, when imported)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
 
 
 def _silent():
@@ -357,7 +365,7 @@ def drive_file_id(source: Source, name: str) -> str:
 def hub_folder(value: str, cache: Path | None = None, quiet: bool = False) -> Path:
     """``hf-hub:ORG/NAME[@REVISION]`` as a local folder, as open_clip reads it: the repository's configs and
     tokenizer files and its first weights file (``HUB_WEIGHTS``), downloaded once into ``CACHE/hf-hub/ORG/NAME``."""
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     repo, _, revision = value[len(HUB):].partition("@")
@@ -370,7 +378,7 @@ def hub_folder(value: str, cache: Path | None = None, quiet: bool = False) -> Pa
         return folder
     check_cache(cache)
     try:
-        info = HfApi(endpoint=constants.ENDPOINT).model_info(repo, revision=revision or None)
+        info = HfApi(endpoint=hub_endpoint()).model_info(repo, revision=revision or None)
     except OfflineModeIsEnabled as error:
         raise WeightsError(f"{value}: HF_HUB_OFFLINE is set; unset it to download {repo}") from error
     except HfHubHTTPError as error:
