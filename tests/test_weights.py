@@ -20,6 +20,7 @@ import chexzero_reference
 import xbench_pl
 from loopback_hosts import COMMIT, Hosts
 from test_cli import in_process
+from test_console_runs import imported
 from test_open_clip_models import PREPROCESS_CFG, TINY_CLIP
 from xbench_pl.commands.early import released_weights
 from xbench_pl.models.open_clip_model import build_open_clip
@@ -91,6 +92,13 @@ def test_every_registered_model_has_an_entry_and_list_shows_sources_and_licences
     assert f"--model.checkpoint medklip/checkpoint_final.pth from drive folder {MEDKLIP_FOLDER}" in " ".join(unwrapped.split())
 
 
+@pytest.mark.parametrize("args", [["--help"], ["list"]])
+def test_weights_help_and_list_load_neither_lightning_nor_torch(args):
+    result, modules = imported("weights", *args)
+    assert result.returncode == 0 and result.stdout
+    assert not modules & {"lightning", "pytorch_lightning", "torch", "huggingface_hub", "gdown"}
+
+
 def test_pull_devide_and_unknown_names_fail_in_one_line(tmp_path):
     devide = in_process("weights", "pull", "devide", "--dir", str(tmp_path))
     assert devide.returncode == 2 and devide.stderr.startswith("error: devide: no public release")
@@ -114,6 +122,8 @@ def test_pull_places_hub_drive_and_github_files_locks_them_and_verify_names_a_ch
     assert lock["medklip"]["files"]["checkpoint_final.pth"] == {"sha256": sha(payload(1)), "size": 1 << 20}
     assert not any((cache / PARTIAL).rglob("*")) if (cache / PARTIAL).exists() else True
     assert weights(hosts, "verify", "medklip", cache=cache).returncode == 0
+    listed = said(in_process("weights", "list", "--dir", str(cache)).stdout)
+    assert "medklip: present, locked" in listed and "mavl: missing 3 of 6 file(s)" in listed  # shares Bio_ClinicalBERT
     changed = bytearray(payload(1))
     changed[1000] ^= 1
     (cache / "medklip/checkpoint_final.pth").write_bytes(changed)
@@ -179,11 +189,12 @@ def test_unwritable_cache_is_one_line(hosts, tmp_path):
 def test_pull_killed_mid_file_leaves_nothing_under_the_final_name_and_the_next_completes(hosts, tmp_path, model, path):
     cache = tmp_path / "cache"
     hosts.stall.add(path)
-    environ = {**os.environ, **hosts.environ(), "HF_HOME": str(tmp_path / "hf_home")}
+    environ = {**os.environ, **hosts.environ(), "HF_HOME": str(tmp_path / "hf_home"),
+               "HF_HUB_DOWNLOAD_TIMEOUT": "600"}  # it waits on the stalled server until killed, not retries on its own
     process = subprocess.Popen([sys.executable, "-m", "xbench_pl", "weights", "pull", model, "--dir", str(cache), "--quiet"],
                                cwd=ROOT, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not any(p.is_file() and p.stat().st_size > 0 for p in (cache / PARTIAL).rglob("*")):
+    deadline = time.monotonic() + 60  # the clients' partial files: huggingface_hub's *.incomplete, gdown's *.part
+    while not any(p.stat().st_size > 0 for p in (cache / PARTIAL).rglob("*") if p.suffix in (".incomplete", ".part")):
         assert process.poll() is None and time.monotonic() < deadline, "no partial file appeared"
         time.sleep(0.1)
     os.kill(process.pid, signal.SIGKILL)
@@ -198,12 +209,14 @@ def test_pull_killed_mid_file_leaves_nothing_under_the_final_name_and_the_next_c
 
 
 # -- using them by name --------------------------------------------------------------------------------------------
-def test_test_by_name_without_pulled_files_names_the_pull_command(tmp_path, monkeypatch):
-    result = in_process("test", "--model", "biomedclip", "--data", "demo", XBENCH_WEIGHTS_DIR=str(tmp_path))
-    assert result.returncode == 2 and result.stderr.count("error:") == 1
-    assert result.stderr.startswith(f"error: --model biomedclip: its released files are not in the weights cache {tmp_path}")
-    assert "`python -m xbench_pl weights pull biomedclip`" in said(result.stderr)
+def test_test_by_name_without_pulled_files_names_the_pull_command_before_lightning_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path))
+    result, modules = imported("test", "--model", "biomedclip", "--data", "demo")
+    stderr = "".join(line for line in result.stderr.splitlines(True) if not line.startswith("import time:"))
+    assert result.returncode == 2 and stderr.count("error:") == 1
+    assert said(stderr).startswith(f"error: --model biomedclip: its released files are not in the weights cache {tmp_path}")
+    assert "`python -m xbench_pl weights pull biomedclip`" in said(stderr)
+    assert not modules & {"lightning", "torch"}
     for argv in (["--model", "biomedclip", "--model.random_init", "true"], ["--model", "biomedclip", "--model.checkpoint", "X"],
                  ["--model", "center"]):
         assert released_weights(argv) == (argv, None)  # random weights, an explicit path, no weights: nothing to find

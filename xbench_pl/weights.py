@@ -3,7 +3,7 @@ cache, pulling them through the ecosystem's own clients and checking them agains
 
 - The cache: ``--dir``, else ``$XBENCH_WEIGHTS_DIR``, else ``~/.cache/xbench_pl/weights``; a release lands in
   ``CACHE/<source>/`` in its own file layout.
-- Hub releases go through ``huggingface_hub.hf_hub_download`` (its endpoint: ``$HF_ENDPOINT``), Google Drive files and
+- Hub releases go through huggingface_hub's client (its endpoint: ``$HF_ENDPOINT``), Google Drive files and
   GitHub files through ``gdown.download`` (hosts: ``$XBENCH_DRIVE_URL``, ``$XBENCH_GITHUB_RAW_URL``; tests point them at
   a loopback server). gdown lists a Drive folder only on Google's own host, so the folder listing (the
   ``embeddedfolderview`` page gdown reads too) is read here.
@@ -256,25 +256,50 @@ def download(source: Source, name: str, partial: Path, commit: str | None, quiet
 
 
 def hub_download(repo: str, name: str, revision: str, folder: Path, quiet: bool, what: str) -> tuple[Path, str]:
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from huggingface_hub.errors import (FileMetadataError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled)
+    """One hub file through huggingface_hub's own metadata call and HTTP client (``get_hf_file_metadata``,
+    ``http_get``: auth headers, redirects, retries, progress bar) into ``folder/NAME``, resuming a partial file an
+    earlier process left (``hf_hub_download`` since huggingface_hub 1.x downloads each try into a process-unique
+    temporary file that it deletes on failure, so a killed pull would start over)."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import FileMetadataError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
 
     endpoint = hub_endpoint()
     try:
-        commit = get_hf_file_metadata(hf_hub_url(repo, name, revision=revision, endpoint=endpoint)).commit_hash
-        path = hf_hub_download(repo, name, revision=commit or revision, local_dir=folder, endpoint=endpoint,
-                               tqdm_class=_silent() if quiet else None)
+        meta = get_hf_file_metadata(hf_hub_url(repo, name, revision=revision, endpoint=endpoint), endpoint=endpoint)
+        if meta.commit_hash and meta.commit_hash != revision:  # the bytes of that commit, whatever the branch does next
+            meta = get_hf_file_metadata(hf_hub_url(repo, name, revision=meta.commit_hash, endpoint=endpoint),
+                                        endpoint=endpoint)
+        # one partial file per served version (ETag): bytes of another version are never continued
+        partial = folder / f"{name}.{hashlib.sha1((meta.etag or '').encode()).hexdigest()[:16]}.incomplete"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        if meta.size is not None and partial.is_file() and partial.stat().st_size > meta.size:
+            partial.unlink()
+        headers = build_hf_headers()
+        if urlparse(meta.location).netloc != urlparse(endpoint).netloc:  # a CDN gets no token
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        with open(partial, "ab") as stream:
+            http_get(meta.location, stream, resume_size=stream.tell(), headers=headers, expected_size=meta.size,
+                     displayed_filename=name, tqdm_class=_silent() if quiet else None)
     except OfflineModeIsEnabled as error:
         raise WeightsError(f"{what}: HF_HUB_OFFLINE is set; unset it to pull {repo}") from error
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
         raise WeightsError(http_problem(status, what, f"{repo}@{revision}: {name}",
                                         f"https://huggingface.co/{repo}", isinstance(error, GatedRepoError))) from error
-    except (LocalEntryNotFoundError, FileMetadataError) as error:  # no answer, or no hub answering
-        raise WeightsError(f"{what}: {repo}@{revision}: {name}: the hub did not answer as a hub "
-                           f"({endpoint}): {str(error).splitlines()[0]}; pull again to resume") from error
-    return Path(path), commit
+    except FileMetadataError as error:  # something answered, but not as a hub
+        raise WeightsError(f"{what}: {repo}@{revision}: {name}: {endpoint} does not answer as a Hugging Face hub: "
+                           f"{str(error).splitlines()[0]}") from error
+    except Exception as error:  # the client's transport errors (connection refused, dropped and retried out)
+        if type(error).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore", "httpcore2"):
+            raise
+        raise WeightsError(f"{what}: {repo}@{revision}: {name}: {error}; pull again to resume") from error
+    final = folder / name
+    os.replace(partial, final)
+    return final, meta.commit_hash
 
 
 def hub_endpoint() -> str:
