@@ -209,17 +209,17 @@ def test_pull_killed_mid_file_leaves_nothing_under_the_final_name_and_the_next_c
 
 
 # -- using them by name --------------------------------------------------------------------------------------------
-def test_test_by_name_without_pulled_files_names_the_pull_command_before_lightning_loads(tmp_path, monkeypatch):
+def test_test_by_name_without_pulled_files_names_the_pull_command(tmp_path, monkeypatch):
+    result = in_process("test", "--model", "biomedclip", "--data", "demo", XBENCH_WEIGHTS_DIR=str(tmp_path))
+    assert result.returncode == 2 and result.stderr.count("error:") == 1
+    assert said(result.stderr).startswith(f"error: --model biomedclip: its released files are not in the weights cache {tmp_path}")
+    assert "`python -m xbench_pl weights pull biomedclip`" in said(result.stderr)
+    bad = in_process("test", "--model", "kad", "--model.query_set", "all", "--data", "demo", XBENCH_WEIGHTS_DIR=str(tmp_path))
+    assert said(bad.stderr) == "error: --model.query_set: expected one of 'authors', 'requested', got 'all'"  # checked first
     monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path))
-    result, modules = imported("test", "--model", "biomedclip", "--data", "demo")
-    stderr = "".join(line for line in result.stderr.splitlines(True) if not line.startswith("import time:"))
-    assert result.returncode == 2 and stderr.count("error:") == 1
-    assert said(stderr).startswith(f"error: --model biomedclip: its released files are not in the weights cache {tmp_path}")
-    assert "`python -m xbench_pl weights pull biomedclip`" in said(stderr)
-    assert not modules & {"lightning", "torch"}
     for argv in (["--model", "biomedclip", "--model.random_init", "true"], ["--model", "biomedclip", "--model.checkpoint", "X"],
                  ["--model", "center"]):
-        assert released_weights(argv) == (argv, None)  # random weights, an explicit path, no weights: nothing to find
+        assert released_weights(argv).argv == argv  # random weights, an explicit path, no weights: nothing to find
 
 
 def test_cached_files_are_given_after_the_name_and_explicit_paths_win(tmp_path, monkeypatch):
@@ -229,9 +229,9 @@ def test_cached_files_are_given_after_the_name_and_explicit_paths_win(tmp_path, 
                                                                           ("config.json", "vocab.txt", "pytorch_model.bin"))):
         (tmp_path / ref).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / ref).write_bytes(b"")
-    argv, problem = released_weights(["test", "--model", "mavl", "--model.text", "MINE", "--data", "demo"])
-    assert problem is None
-    assert argv == ["test", "--model", "mavl", "--model.checkpoint", str(tmp_path / "mavl/checkpoint_full_40.pth"),
+    released = released_weights(["test", "--model", "mavl", "--model.text", "MINE", "--data", "demo"])
+    assert released.problem is None and not released.missing
+    assert released.argv == ["test", "--model", "mavl", "--model.checkpoint", str(tmp_path / "mavl/checkpoint_full_40.pth"),
                     "--model.knowledge", json.dumps([str(tmp_path / "mavl_knowledge/Zero-shot_grounding/observation "
                                                          "explanation.json"),
                                                      str(tmp_path / "mavl_knowledge/Pretrain/concept_gen/gpt4_mimic.json")]),
@@ -285,15 +285,15 @@ def test_hf_hub_checkpoint_downloads_the_repository_folder(hosts, tmp_path, monk
     monkeypatch.setenv("HF_ENDPOINT", hosts.environ()["HF_ENDPOINT"])
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path))
-    argv, problem = released_weights(["--model", "biomedclip", f"--model.checkpoint=hf-hub:{repo}"])
+    released = released_weights(["--model", "biomedclip", f"--model.checkpoint=hf-hub:{repo}"])
     folder = tmp_path / "hf-hub" / repo
-    assert problem is None and argv == ["--model", "biomedclip", "--model.checkpoint", str(folder)]
+    assert released.problem is None and released.argv == ["--model", "biomedclip", "--model.checkpoint", str(folder)]
     assert sorted(p.name for p in folder.iterdir()) == ["open_clip_config.json", "open_clip_pytorch_model.bin", "vocab.txt"]
     assert (folder / "open_clip_pytorch_model.bin").read_bytes() == payload(6)
     served = len(hosts.requests)
-    assert released_weights(["--model", "biomedclip", "--model.checkpoint", f"hf-hub:{repo}"])[0][-1] == str(folder)
+    assert released_weights(["--model", "biomedclip", "--model.checkpoint", f"hf-hub:{repo}"]).argv[-1] == str(folder)
     assert len(hosts.requests) == served  # pulled once: a DDP rank or a second run asks nothing
     hosts.gated["someone/gated"] = 401
     hosts.hub["someone/gated"] = {}
-    _, problem = released_weights(["--model", "biomedclip", "--model.checkpoint", "hf-hub:someone/gated"])
+    problem = released_weights(["--model", "biomedclip", "--model.checkpoint", "hf-hub:someone/gated"]).problem
     assert problem.startswith("--model.checkpoint: hf-hub:someone/gated: someone/gated is refused (HTTP 401)")

@@ -81,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once
         from xbench_pl.commands.early import trainer_problem
 
-        problem = trainer_problem(rest)
-        if not problem:
-            from xbench_pl.commands.early import released_weights
+        from xbench_pl.commands.early import Released, released_weights
 
-            rest, problem = released_weights(rest)
+        problem = trainer_problem(rest)
+        released = Released(rest) if problem else released_weights(rest)
+        rest, problem = released.argv, problem or released.problem
         if problem:
             print_error(problem)
             return 2
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         from xbench_pl.commands.errors import user_error_message
 
         message = None if debug else user_error_message(error, command)
+        if message is not None and command in TRAINER_COMMANDS and released.explains(error):
+            message = released.message  # the model misses a file of the weights cache: say how to pull it
         if message is None:
             raise
         print_error(message)
