@@ -103,13 +103,6 @@ def cache_dir(override: str | Path | None = None) -> Path:
     return Path(override or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xbench_pl" / "weights").expanduser()
 
 
-def model_needs(model: str) -> Needs:
-    sources, needs = read_sources()
-    if model not in needs:
-        raise WeightsError(f"no weights entry for model {model!r} in {SOURCES_FILE.name}; models: {', '.join(needs)}")
-    return needs[model]
-
-
 def wanted_files(needs: Needs, sources: dict[str, Source]) -> dict[str, list[str]]:
     """Source -> the files a model reads of it: the named file, or every file of a release it reads whole."""
     wanted: dict[str, list[str]] = {}
@@ -184,9 +177,9 @@ def verify(cache: Path, models: list[str] | None = None) -> tuple[list[str], lis
 
 
 # -- pulling -----------------------------------------------------------------------------------------------------
-def check_cache(cache: Path, option: str = "--dir") -> None:
+def check_cache(cache: Path) -> None:
     try:
-        check_writable({f"weights cache ({option} or ${CACHE_ENV})": cache})
+        check_writable({f"weights cache (--dir or ${CACHE_ENV})": cache})
     except OutputError as error:
         raise WeightsError(str(error)) from error
 
@@ -258,7 +251,7 @@ def download(source: Source, name: str, partial: Path, commit: str | None, quiet
 def hub_download(repo: str, name: str, revision: str, folder: Path, quiet: bool, what: str) -> tuple[Path, str]:
     """One hub file through huggingface_hub's own metadata call and HTTP client (``get_hf_file_metadata``,
     ``http_get``: auth headers, redirects, retries, progress bar) into ``folder/NAME``, resuming a partial file an
-    earlier process left (``hf_hub_download`` since huggingface_hub 1.x downloads each try into a process-unique
+    earlier process left (``hf_hub_download`` of huggingface_hub 2.4, its PR #4228, downloads each try into a process-unique
     temporary file that it deletes on failure, so a killed pull would start over)."""
     from urllib.parse import urlparse
 
@@ -310,6 +303,7 @@ def hub_endpoint() -> str:
 
 
 def _silent():
+    """A tqdm class that shows nothing (``--quiet``)."""
     from tqdm.auto import tqdm
 
     class Silent(tqdm):
