@@ -162,16 +162,18 @@ def released_weights(argv: list[str]) -> Released:
         return Released(argv)
     cache = cache_dir()
     values, missing = cached_arguments(Needs(name, wanted, needs.listed), cache)
-    if "checkpoint" not in wanted:  # the user's own checkpoint: only what the cache holds comes along
-        wanted = {arg: refs for arg, refs in wanted.items() if all((cache / ref).exists() for ref in refs)}
+    def lacks(ref: str) -> bool:  # a missing file, or a release folder lacking one
+        return any(p == cache / ref or cache / ref in p.parents for p in missing)
+
+    chosen = "checkpoint" not in wanted or any(a == "--config" or a.startswith("--config=") for a in argv)
+    if chosen:  # the user's own checkpoint (or a config that may name one): only what the cache holds comes along
+        wanted = {arg: refs for arg, refs in wanted.items() if not any(lacks(ref) for ref in refs)}
     index = next(i for i, arg in enumerate(argv) if arg in ("--model", f"--model={name}"))
     after = index + (1 if "=" in argv[index] else 2)
     argv = [*argv[:after], *(x for arg in wanted for x in (f"--model.{arg}", values[arg])), *argv[after:]]
-    if not missing or "checkpoint" not in wanted:
+    if not missing or chosen:
         return Released(argv)
-    lacking = tuple(str(cache / ref) for refs in wanted.values() for ref in refs  # a missing file, or a folder lacking one
-                    if any(p == cache / ref or cache / ref in p.parents for p in missing))
-    return Released(argv, None, lacking,
+    return Released(argv, None, tuple(str(cache / ref) for refs in wanted.values() for ref in refs if lacks(ref)),
                     f"--model {name}: its released files are not in the weights cache {cache} ({len(missing)} missing, "
                     f"e.g. {missing[0].relative_to(cache)}): run `{PULL_COMMAND} {name}` (same ${CACHE_ENV}), or give "
                     "--model.checkpoint PATH")
