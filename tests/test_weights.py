@@ -218,8 +218,8 @@ def test_test_by_name_without_pulled_files_names_the_pull_command(tmp_path, monk
     assert said(bad.stderr) == "error: --model.query_set: expected one of 'authors', 'requested', got 'all'"  # checked first
     monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path))
     for argv in (["--model", "biomedclip", "--model.random_init", "true"], ["--model", "biomedclip", "--model.checkpoint", "X"],
-                 ["--model", "center"]):
-        assert released_weights(argv).argv == argv  # random weights, an explicit path, no weights: nothing to find
+                 ["--config", "run.yaml", "--model", "clip"], ["--model", "center"]):
+        assert released_weights(argv).argv == argv  # random weights, an explicit path, a config's, no weights
 
 
 def test_cached_files_are_given_after_the_name_and_explicit_paths_win(tmp_path, monkeypatch):
