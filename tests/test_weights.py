@@ -22,9 +22,9 @@ from loopback_hosts import COMMIT, Hosts
 from test_cli import in_process
 from test_console_runs import imported
 from test_open_clip_models import PREPROCESS_CFG, TINY_CLIP
-from xbench_pl.commands.early import released_weights
+from xbench_pl.commands.early import init_types, released_weights
 from xbench_pl.models.open_clip_model import build_open_clip
-from xbench_pl.registry import available
+from xbench_pl.registry import available, class_path
 from xbench_pl.weights import LOCK_FILE, PARTIAL, read_sources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +80,8 @@ def test_every_registered_model_has_an_entry_and_list_shows_sources_and_licences
     assert needs["devide"].none and "no public release" in needs["devide"].none
     assert not needs["center"].arguments and not needs["uniform"].arguments
     assert sources["radzero"].licence.startswith("CC BY-NC 4.0")
+    for model, entry in needs.items():  # each file goes to an argument the model has
+        assert set(entry.arguments) <= set(init_types(class_path("models", model))), model
     result = in_process("weights", "list", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     blocks = {line.split(":")[0]: line for line in result.stdout.splitlines() if not line.startswith((" ", "weights cache"))}
