@@ -25,8 +25,7 @@ from xbench_pl.console import is_rank_zero, wrap
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
-            "sweep": "sweep", "report": "report", "export": "export", "store": "store",
-            "weights": "weights"}
+            "sweep": "sweep", "report": "report", "export": "export", "store": "store", "weights": "weights"}
 
 
 def usage() -> str:
@@ -78,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
-    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once
-        from xbench_pl.commands.early import trainer_problem
-
-        from xbench_pl.commands.early import Released, released_weights
+    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once; pulled files
+        from xbench_pl.commands.early import Released, released_weights, trainer_problem
 
         problem = trainer_problem(rest)
         released = Released(rest) if problem else released_weights(rest)

@@ -1,7 +1,7 @@
 """Local files only: architecture JSONs, checkpoint files and tokenizer / text-encoder folders of the
 query-decoder families (KAD/DeViDe, MedKLIP/MAVL, CARZero). Nothing is downloaded here (xbench_pl.weights
-fetches released files into a local cache): a URL or hub name is refused with a message naming the files to give instead; a missing file or folder is named with
-what it should hold."""
+fetches released files into a local cache): a URL or hub name is refused with a message naming the files to
+give instead; a missing file or folder is named with what it should hold."""
 
 from __future__ import annotations
 
