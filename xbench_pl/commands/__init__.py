@@ -25,7 +25,7 @@ from xbench_pl.console import is_rank_zero, wrap
 DEBUG_ENV = "XBENCH_DEBUG"
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
-            "sweep": "sweep", "report": "report", "export": "export", "store": "store"}
+            "sweep": "sweep", "report": "report", "export": "export", "store": "store", "weights": "weights"}
 
 
 def usage() -> str:
@@ -77,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
-    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once
-        from xbench_pl.commands.early import trainer_problem
+    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once; pulled files
+        from xbench_pl.commands.early import Released, released_weights, trainer_problem
 
         problem = trainer_problem(rest)
+        released = Released(rest) if problem else released_weights(rest)
+        rest, problem = released.argv, problem or released.problem
         if problem:
             print_error(problem)
             return 2
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         from xbench_pl.commands.errors import user_error_message
 
         message = None if debug else user_error_message(error, command)
+        if message is not None and command in TRAINER_COMMANDS and released.explains(error):
+            message = released.message  # the model misses a file of the weights cache: say how to pull it
         if message is None:
             raise
         print_error(message)

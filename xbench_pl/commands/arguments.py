@@ -17,6 +17,7 @@ SUMMARIES = {
     "store": "store upgrade DIR: convert a prediction store of an older format (read-only) to the current one",
     "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
+    "weights": "weights list|pull|verify: the registered models' released weights, fetched by name into one cache",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -111,3 +112,68 @@ def trainer_problem(argv: list[str]) -> str | None:
     except OutputError as error:
         return str(error)
     return None
+
+
+@dataclass
+class Released:
+    """``released_weights``' answer: the command line to run, a problem line to stop with now, and for files the
+    cache lacks the line to print if the model then fails on one of them (``message``, ``explains``)."""
+
+    argv: list[str]
+    problem: str | None = None
+    missing: tuple[str, ...] = ()
+    message: str | None = None
+
+    def explains(self, error: BaseException) -> bool:
+        """Whether ``error`` is the model refusing one of the given cache paths that lack a file."""
+        from xbench_pl.commands.errors import _chain
+
+        return any(isinstance(e, FileNotFoundError) and any(path in str(e) for path in self.missing) for e in _chain(error))
+
+
+def released_weights(argv: list[str]) -> Released:
+    """``argv`` with a registered ``--model NAME``'s files in the weights cache (weights.yaml) for each of its file
+    arguments not given, placed right after ``--model NAME`` so that any later option or ``--config`` wins; and a
+    ``--model.checkpoint hf-hub:ORG/NAME`` downloaded and replaced by its local folder. Files the cache lacks are
+    given too (without a checkpoint on the command line): the model refuses the first it reads after every option
+    has been checked, and the dispatcher prints ``message`` instead, which names the pull command. ``random_init``
+    needs no files."""
+    from xbench_pl.weights import (CACHE_ENV, HUB, PULL_COMMAND, Needs, WeightsError, cache_dir, cached_arguments, hub_folder,
+                                   read_sources)
+
+    if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
+        return Released(argv)
+    checkpoint = take_option(argv, "--model.checkpoint")[0]
+    if checkpoint and checkpoint.startswith(HUB):
+        index = next(i for i, arg in enumerate(argv) if arg in ("--model.checkpoint", f"--model.checkpoint={checkpoint}"))
+        try:
+            folder = str(hub_folder(checkpoint))
+        except WeightsError as error:
+            return Released(argv, f"--model.checkpoint: {error}")
+        argv = [*argv[:index], "--model.checkpoint", folder, *argv[index + (1 if "=" in argv[index] else 2):]]
+    name = take_option(argv, "--model")[0]
+    random_init = take_option(argv, "--model.random_init")[0]
+    if not name or not is_name(name) or (random_init is not None and yaml.safe_load(random_init) is True):
+        return Released(argv)
+    needs = read_sources()[1].get(name)
+    wanted = {} if needs is None else {arg: refs for arg, refs in needs.arguments.items()
+                                       if take_option(argv, f"--model.{arg}")[0] is None}
+    if not wanted:
+        return Released(argv)
+    cache = cache_dir()
+    values, missing = cached_arguments(Needs(name, wanted, needs.listed), cache)
+    def lacks(ref: str) -> bool:  # a missing file, or a release folder lacking one
+        return any(p == cache / ref or cache / ref in p.parents for p in missing)
+
+    chosen = "checkpoint" not in wanted or any(a == "--config" or a.startswith("--config=") for a in argv)
+    if chosen:  # the user's own checkpoint (or a config that may name one): only what the cache holds comes along
+        wanted = {arg: refs for arg, refs in wanted.items() if not any(lacks(ref) for ref in refs)}
+    index = next(i for i, arg in enumerate(argv) if arg in ("--model", f"--model={name}"))
+    after = index + (1 if "=" in argv[index] else 2)
+    argv = [*argv[:after], *(x for arg in wanted for x in (f"--model.{arg}", values[arg])), *argv[after:]]
+    if not missing or chosen:
+        return Released(argv)
+    return Released(argv, None, tuple(str(cache / ref) for refs in wanted.values() for ref in refs if lacks(ref)),
+                    f"--model {name}: its released files are not in the weights cache {cache} ({len(missing)} missing, "
+                    f"e.g. {missing[0].relative_to(cache)}): run `{PULL_COMMAND} {name}` (same ${CACHE_ENV}), or give "
+                    "--model.checkpoint PATH")

@@ -1,7 +1,7 @@
 """Local files only: architecture JSONs, checkpoint files and tokenizer / text-encoder folders of the
-query-decoder families (KAD/DeViDe, MedKLIP/MAVL, CARZero). Nothing is downloaded: a URL or hub name
-is refused with a message naming the files to give instead; a missing file or folder is named with
-what it should hold."""
+query-decoder families (KAD/DeViDe, MedKLIP/MAVL, CARZero). Nothing is downloaded here (xbench_pl.weights
+fetches released files into a local cache): a URL or hub name is refused with a message naming the files to
+give instead; a missing file or folder is named with what it should hold."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ DOWNLOADS = ("http://", "https://", "hf-hub:")
 
 def refuse_download(value: object, what: str, hint: str) -> None:
     if value is not None and str(value).startswith(DOWNLOADS):
-        raise ValueError(f"{what}={value!r} would download; nothing is downloaded here. Give {hint}")
+        hub = (" (an hf-hub: name is fetched by the command line, or in Python by xbench_pl.weights.hub_folder, "
+               "into a local folder to give here)" if str(value).startswith("hf-hub:") else "")
+        raise ValueError(f"{what}={value!r} would download; nothing is downloaded here{hub}. Give {hint}")
 
 
 def local_files(value: str | Path | Sequence[str | Path] | None, what: str, hint: str) -> list[Path]:

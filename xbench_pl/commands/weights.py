@@ -1,0 +1,119 @@
+"""``python -m xbench_pl weights list|pull|verify``: the released weights of the registered models, by name.
+
+Where each model's files come from is data (xbench_pl/models/configs/weights.yaml); they are pulled into one cache
+(--dir, else $XBENCH_WEIGHTS_DIR, else ~/.cache/xbench_pl/weights), where ``test --model NAME`` finds them. The
+first pull records each file's SHA-256 in the cache's weights.lock.json; ``verify`` re-checks them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from xbench_pl.commands.arguments import PROG, command_help, take_option
+from xbench_pl.console import say, wrap
+
+USAGE = "weights {list,pull,verify} [NAME ...] [--dir DIR] [--quiet]"
+OPTIONS = {
+    "list": "every registered model: the files it reads, their source, licence, size, and whether they are here",
+    "pull NAME ...": "download the models' files into the cache (resumes an interrupted pull; checks the lock)",
+    "verify [NAME ...]": "re-hash the pulled files (of NAME, else all) against the lock; exit 2 naming a changed file",
+    "--dir DIR": "the cache (default: $XBENCH_WEIGHTS_DIR, else ~/.cache/xbench_pl/weights)",
+    "--quiet": "no progress bars",
+}
+
+
+def size_text(size: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return ""
+
+
+def status(needs, sources, cache, lock) -> tuple[str, str | None]:
+    """``(what is here, pulled size)`` of a model's files."""
+    from xbench_pl.weights import wanted_files
+
+    files = [(s, n) for s, names in wanted_files(needs, sources).items() for n in names]
+    present = [(s, n) for s, n in files if (cache / s / n).is_file()]
+    if len(present) < len(files):
+        return (f"missing {len(files) - len(present)} of {len(files)} file(s): {PROG} weights pull {needs.model}"), None
+    recorded = [lock.get(s, {}).get("files", {}).get(n) for s, n in files]
+    pulled = size_text(sum((cache / s / n).stat().st_size for s, n in files))
+    if any(r is None for r in recorded):
+        return "present, not in the lock", pulled
+    if any(r["size"] != (cache / s / n).stat().st_size for r, (s, n) in zip(recorded, files)):
+        return f"present, CHANGED size since pulled ({PROG} weights verify {needs.model})", pulled
+    return "present, locked (verify re-hashes)", pulled
+
+
+def list_models(cache) -> int:
+    from xbench_pl.registry import available
+    from xbench_pl.weights import read_lock, read_sources
+
+    sources, needs = read_sources()
+    lock = read_lock(cache)
+    say(wrap(f"weights cache: {cache}"))
+    for model in available("models"):
+        entry = needs.get(model)
+        if entry is None:
+            say(wrap(f"{model}: no entry in weights.yaml"))
+        elif entry.none:
+            say(wrap(f"{model}: nothing to pull: {entry.none}"))
+        elif not entry.arguments:
+            say(wrap(f"{model}: weight-free, nothing to pull"))
+        else:
+            here, pulled = status(entry, sources, cache, lock)
+            used = {ref.partition("/")[0] for refs in entry.arguments.values() for ref in refs}
+            licences = "; ".join(f"{s}: {sources[s].licence}" for s in sorted(used))
+            published = ", ".join(f"{s} {sources[s].size}" for s in sorted(used) if sources[s].size)
+            sizes = "; ".join(x for x in (f"published {published}" if published else "", f"pulled {pulled}" if pulled else "") if x)
+            say(wrap(f"{model}: {here}; licence {licences}" + (f"; size {sizes}" if sizes else "")))
+            for arg, refs in entry.arguments.items():
+                for ref in refs:
+                    source = sources[ref.partition("/")[0]]
+                    say(wrap(f"  --model.{arg} {ref}  from {source.describe()}"
+                             + ("" if "/" in ref else f" ({', '.join(source.files)})")))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        print(command_help(USAGE, __doc__.split("\n\n", 1)[1], OPTIONS), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    folder, argv = take_option(argv, "--dir")
+    quiet = "--quiet" in argv
+    action, *names = [a for a in argv if a != "--quiet"]
+    unknown = [a for a in names if a.startswith("-")]
+    if action not in ("list", "pull", "verify") or unknown or (action == "pull" and not names) or (action == "list" and names):
+        print(wrap(f"error: usage: {PROG} {USAGE}" + (f" (unknown option {unknown[0]})" if unknown else "")), file=sys.stderr)
+        return 2
+    from xbench_pl.weights import WeightsError, cache_dir, pull, read_sources, verify  # here: --help reads no YAML
+
+    cache = cache_dir(folder)
+    if action == "list":
+        return list_models(cache)
+    unknown = [n for n in names if n not in read_sources()[1]]
+    if unknown:
+        print(wrap(f"error: weights {action}: unknown model {unknown[0]!r}; models: {', '.join(read_sources()[1])}"),
+              file=sys.stderr)
+        return 2
+    try:
+        if action == "pull":
+            for name in names:
+                placed = pull(name, cache, quiet)
+                say(wrap(f"{name}: {len(placed)} file(s) in {cache}" if placed else f"{name}: weight-free, nothing to pull"))
+            return 0
+        good, problems = verify(cache, names or None)
+    except WeightsError as error:
+        print(wrap(f"error: {error}"), file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(wrap(f"error: {problem}"), file=sys.stderr)
+    say(wrap(f"{len(good)} file(s) match the lock in {cache}" + (f"; {len(problems)} do not" if problems else "")))
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
