@@ -20,7 +20,7 @@ from xbench_pl.metrics.trust import passes_randomization, random_pair_baseline, 
 from xbench_pl.models.baselines import UniformBaseline
 from xbench_pl.models.biovil import BioViL
 from xbench_pl.models.radzero import RadZero
-from xbench_pl.models.randomization import INIT_STD, cascade_stages, parameter_names, randomized_copy
+from xbench_pl.models.randomization import INIT_STD, cascade, cascade_stages, parameter_names, randomized_copy
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*RANDOM weights:UserWarning")
 
@@ -138,6 +138,28 @@ def test_each_stage_randomizes_exactly_its_modules_cumulatively(build, name):
     assert drawn and all(not torch.equal(other[n], again[n]) for n in drawn)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # the original is untouched
     assert all(len(cache) for cache in model.embedding_caches())
+
+
+def test_cascade_walks_every_stage_on_one_copy_as_randomized_copy_does(build):
+    model = build("devide")
+    seen = []
+    for index, (stage, randomized) in enumerate(cascade(model, seed=2)):
+        seen.append(randomized)
+        expected = parameters(randomized_copy(model, index, seed=2))
+        assert stage == STAGES["devide"][index]
+        assert all(torch.equal(p, expected[n]) for n, p in randomized.named_parameters())
+    assert len(seen) == len(STAGES["devide"]) and all(m is seen[0] for m in seen)
+
+
+def test_a_copy_made_in_inference_mode_can_be_explained_with_gradients(build):
+    """Lightning tests under ``torch.inference_mode``: the copy's weights must still take part in autograd."""
+    model = build("carzero", explainer="gradcam")
+    images = images_for(model)
+    with torch.inference_mode():
+        randomized = randomized_copy(model, 2, seed=0)
+        maps = randomized.explained(images, CLASSES).saliency
+    assert not any(torch.is_inference(p) for p in randomized.parameters())
+    assert torch.isfinite(maps).all() and maps.shape[:2] == (1, len(CLASSES))
 
 
 def test_a_module_without_its_own_init_gets_the_stated_normal():
