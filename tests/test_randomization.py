@@ -25,7 +25,8 @@ from xbench_pl.models.randomization import INIT_STD, cascade, cascade_stages, pa
 pytestmark = pytest.mark.filterwarnings("ignore:.*RANDOM weights:UserWarning")
 
 CLASSES = ["Atelectasis", "Pleural Effusion", "Nodule"]
-RESNET3_BLOCKS = [f"image layer{layer}.{block}" for layer, blocks in ((3, 6), (2, 4), (1, 3)) for block in reversed(range(blocks))]
+RESNET3_BLOCKS = [f"image layer{layer}.{block}" for layer, blocks in ((3, 6), (2, 4), (1, 3))
+                  for block in reversed(range(blocks))]
 RESNET50_BLOCKS = [f"image layer4.{block}" for block in (2, 1, 0)] + RESNET3_BLOCKS
 #: each tiny family's stages, top first (the table in docs/trust.md)
 STAGES = {
@@ -47,7 +48,8 @@ def build(builders, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("randomization")
     biovil_text = str(biovil_reference.write_text_folder(root / "biovil_text", weights=False))
     radzero_architecture = root / "radzero.json"
-    radzero_architecture.write_text(json.dumps(radzero_reference.tiny_architecture(radzero_reference.write_tower_folders(root / "towers"))))
+    towers = radzero_reference.write_tower_folders(root / "towers")
+    radzero_architecture.write_text(json.dumps(radzero_reference.tiny_architecture(towers)))
     radzero_text = str(radzero_reference.write_tokenizer_folder(root / "radzero_text"))
 
     def make(name: str, **options) -> nn.Module:

@@ -92,7 +92,8 @@ def cascade_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
         for name in names:
             for parameter in parameter_names(model, name):
                 if parameter in owner:
-                    raise ValueError(f"{type(model).__name__}: parameter {parameter} is in stages {owner[parameter]!r} and {stage!r}")
+                    raise ValueError(f"{type(model).__name__}: parameter {parameter} is in stages "
+                                     f"{owner[parameter]!r} and {stage!r}")
                 owner[parameter] = stage
     missing = [name for name in parameters if name not in owner]
     if missing:
