@@ -20,7 +20,8 @@ from xbench_pl.metrics.trust import passes_randomization, random_pair_baseline, 
 from xbench_pl.models.baselines import UniformBaseline
 from xbench_pl.models.biovil import BioViL
 from xbench_pl.models.radzero import RadZero
-from xbench_pl.models.randomization import INIT_STD, cascade, cascade_stages, parameter_names, randomized_copy
+from xbench_pl.models.randomization import (INIT_STD, cascade, cascade_stages, detached_copy, parameter_names,
+                                           randomized_copy)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*RANDOM weights:UserWarning")
 
@@ -162,6 +163,16 @@ def test_a_copy_made_in_inference_mode_can_be_explained_with_gradients(build):
         maps = randomized.explained(images, CLASSES).saliency
     assert not any(torch.is_inference(p) for p in randomized.parameters())
     assert torch.isfinite(maps).all() and maps.shape[:2] == (1, len(CLASSES))
+
+
+def test_a_copy_leaves_the_evaluation_state_behind():
+    model = LinearIntensityModel()
+    model.add_dataset("demo", CLASSES)
+    model.results, model.region_datasets = {"demo": {"mean": {}}}, {"demo": object()}
+    copy = detached_copy(model)
+    assert len(copy.benchmark) == 0 and copy.results == {} and copy.region_datasets == {}
+    assert "demo" in model.benchmark and model.results and model.region_datasets  # the original keeps its own
+    assert torch.equal(copy.mix.weight, model.mix.weight) and copy.mix.weight is not model.mix.weight
 
 
 def test_a_module_without_its_own_init_gets_the_stated_normal():
