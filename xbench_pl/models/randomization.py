@@ -28,6 +28,8 @@ from torch import nn
 
 #: the standard deviation of the parameters no module init covers (ViT/BERT's initializer)
 INIT_STD = 0.02
+
+
 def image_tower_stages(tower: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The stages of a ``layers.image_encoders`` tower at ``tower`` (``ResNetPatches``: its bottleneck blocks of
     layer4 .. layer1, then conv1/bn1; ``ViTPatches`` and transformers' DINOv2: its encoder layers, then its
@@ -37,6 +39,7 @@ def image_tower_stages(tower: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def exists(model: nn.Module, name: str) -> bool:
+    """Whether ``name`` is a module or a parameter of ``model``."""
     try:
         model.get_submodule(name)
     except AttributeError:
