@@ -115,7 +115,7 @@ def perturbation_curve(target_fn: Callable[[torch.Tensor], torch.Tensor], images
     if steps < 1:
         raise ValueError(f"perturbation_curve needs steps >= 1, got {steps}")
     pixels = height * width
-    place = removal_ranks(maps).view(n, 1, height, width)
+    place = removal_ranks(maps).to(images.device).view(n, 1, height, width)
     removed = torch.arange(steps + 1, device=images.device) * pixels // steps  # pixels perturbed at each point
     first, second = (baseline, images) if insertion else (images, baseline)
     chunk = batch_size or steps + 1
