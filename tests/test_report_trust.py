@@ -18,7 +18,7 @@ from xbench_pl.commands import main as cli_main
 from xbench_pl.commands.report import trust as trust_section
 from xbench_pl.commands.report.runs import find_runs
 from xbench_pl.commands.report.trust import FLAG, FLAG_TEXT, TRUST_KEYS, figure_cascade, trust_rows
-from xbench_pl.metrics.agreement import agreement, eval_grid_maps, stored_maps
+from xbench_pl.metrics.agreement import agreement, eval_grid_maps, stored_labels, stored_maps
 from xbench_pl.metrics.trust import ssim
 
 STAGES = ("decoder", "text", "image.block3", "image.block2")
@@ -169,9 +169,11 @@ def test_a_run_agrees_with_itself_and_two_models_less(stored):
     # the mean over the 12 (image, finding) pairs, each compared on the eval grid as the benchmark normalises
     center, intensity = stored_maps(stores["center"])["demo"], stored_maps(stores["intensity"])["demo"]
     ids = sorted(center.rows)
-    (a, labels), (b, _) = eval_grid_maps(center, ids, 48), eval_grid_maps(intensity, ids, 48)
-    assert a.shape == (12, len(center.classes), 48, 48) and int(labels.sum()) == 12
-    assert different == pytest.approx(float(ssim(a[labels], b[labels]).mean()), rel=1e-12)
+    labels = stored_labels(center, ids)
+    assert torch.equal(labels, stored_labels(intensity, ids)) and int(labels.sum()) == 12
+    a, b = eval_grid_maps(center, ids, labels, 48), eval_grid_maps(intensity, ids, labels, 48)
+    assert a.shape == b.shape == (12, 48, 48) and a.amin() == 0 and a.flatten(1).amax(1).eq(1).all()  # minmax, per map
+    assert different == pytest.approx(float(ssim(a, b).mean()), rel=1e-12)
 
 
 def test_runs_on_different_images_are_named_not_compared(stored):

@@ -1,12 +1,12 @@
 """Agreement across models: how alike two runs' maps of the same (image, finding) are, as a matrix.
 
 Each run is a prediction store (``test --predictions DIR``: the native maps of every (image, finding)). Per dataset,
-every stored map of a finding the image is labelled with is carried onto the eval grid (``geometry.warp_to_eval_grid``:
-E x E pixels over the whole original image, so models that crop, letterbox or squash meet on the same pixels) and
-normalised as its run's benchmark normalised it (``--model.normalize``, the store's manifest); two runs' maps of one
-(image, finding) are then compared by SSIM (``metrics.trust.ssim``, Arun et al.'s settings). A cell of the matrix is
-the mean SSIM over the pairs both runs hold, with a bootstrap interval over images (the pairs of an image drawn
-together); the diagonal compares a run with itself (1 where SSIM is defined).
+the maps of the findings an image is labelled with (by every run of the comparison) are carried onto the eval grid
+(``geometry.warp_to_eval_grid``: E x E pixels over the whole original image, so models that crop, letterbox or
+squash meet on the same pixels) and normalised as each run's benchmark normalised them (``--model.normalize``, the
+store's manifest); two runs' maps of one (image, finding) are then compared by SSIM (``metrics.trust.ssim``, Arun et
+al.'s settings). A cell of the matrix is the mean SSIM over those pairs, with a bootstrap interval over images (the
+pairs of an image drawn together); the diagonal compares a run with itself (1 where SSIM is defined).
 
 Two runs are compared only on the same images: where their stores hold different image sets (or findings) of a
 dataset, the cell is undefined and ``mismatches`` says which runs, how many images each holds and how many they
@@ -69,21 +69,25 @@ def stored_maps(store_dir: str | Path) -> dict[str, StoredMaps]:
     return found
 
 
-def eval_grid_maps(held: StoredMaps, image_ids: list[str], eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The maps of ``image_ids`` on the eval grid, normalised as their run did, ``[B, C, E, E]`` float64, and the
-    stored labels ``[B, C]`` (bool)."""
+def stored_labels(held: StoredMaps, image_ids: list[str]) -> torch.Tensor:
+    """The stored labels of ``image_ids`` ``[B, C]`` (bool: the finding is present)."""
+    return torch.stack([held.rows[i][0]["labels"][held.rows[i][1]].bool() for i in image_ids])
+
+
+def eval_grid_maps(held: StoredMaps, image_ids: list[str], present: torch.Tensor, eval_size: int) -> torch.Tensor:
+    """The maps of the (image, finding) pairs ``present`` ``[B, C]`` marks among ``image_ids``, in that order (image,
+    then finding), on the eval grid and normalised as their run did: ``[K, E, E]`` float64."""
     from xbench_pl.geometry import warp_to_eval_grid
 
-    maps, labels = [], []
-    for image_id in image_ids:
+    maps = []
+    for image_id, wanted in zip(image_ids, present):
         shard, row = held.rows[image_id]
-        saliency = shard["saliency"][row].float()  # [C, h, w]
-        c = saliency.shape[0]
-        warped = warp_to_eval_grid(saliency, shard["affine"][row].expand(c, 4), int(shard["input_size"]),
-                                   shard["original_size"][row].expand(c, 2), eval_size)
+        saliency = shard["saliency"][row][wanted].float()  # [K_i, h, w]
+        k = saliency.shape[0]
+        warped = warp_to_eval_grid(saliency, shard["affine"][row].expand(k, 4), int(shard["input_size"]),
+                                   shard["original_size"][row].expand(k, 2), eval_size)
         maps.append(normalize_saliency(warped.double(), held.normalize))
-        labels.append(shard["labels"][row].bool())
-    return torch.stack(maps), torch.stack(labels)
+    return torch.cat(maps)
 
 
 def _same_images(a: StoredMaps, b: StoredMaps) -> bool:
@@ -101,9 +105,9 @@ def _mismatch(dataset: str, name_a: str, a: StoredMaps, name_b: str, b: StoredMa
 def matrix(runs: dict[str, StoredMaps], dataset: str, eval_size: int, resamples: int = 1000, seed: int = 0,
            level: float = 0.95) -> Agreement:
     """The agreement matrix of ``runs`` (name -> its ``StoredMaps`` of ``dataset``) on the ``eval_size`` grid: per pair
-    of runs with the same images and findings, SSIM of their maps of every (image, finding) labelled present (both
-    stores' labels), its mean and its percentile interval over ``resamples`` bootstrap draws of the images (seeded:
-    ``bootstrap_weights``); the rest recorded in ``mismatches``."""
+    of runs with the same images and findings, SSIM of their maps of every (image, finding) labelled present (by every
+    such run's store), its mean and its percentile interval over ``resamples`` bootstrap draws of the images (seeded:
+    ``bootstrap_weights``, over the images with a pair compared); the rest recorded in ``mismatches``."""
     from xbench_pl.metrics.trust import ssim
 
     names = list(runs)
@@ -123,16 +127,15 @@ def matrix(runs: dict[str, StoredMaps], dataset: str, eval_size: int, resamples:
         per_image = {(i, j): torch.zeros(len(image_ids), 2, dtype=torch.float64) for i in group for j in group if i <= j}
         for start in range(0, len(image_ids), CHUNK_IMAGES):
             chunk = image_ids[start:start + CHUNK_IMAGES]
-            maps, labels = zip(*(eval_grid_maps(runs[names[i]], chunk, eval_size) for i in group))
+            present = torch.stack([stored_labels(runs[names[i]], chunk) for i in group]).all(0)  # labelled by every run
+            image = start + present.nonzero()[:, 0]
+            maps = [eval_grid_maps(runs[names[i]], chunk, present, eval_size) for i in group]
             for a, i in enumerate(group):
                 for b, j in enumerate(group[a:], start=a):
-                    present = labels[a] & labels[b]
-                    values = ssim(maps[a][present], maps[b][present]).double()
+                    values = ssim(maps[a], maps[b])
                     defined = ~torch.isnan(values)
-                    image = present.nonzero()[:, 0][defined]
-                    part = per_image[(i, j)][start:start + len(chunk)]
-                    part[:, 0].index_add_(0, image, values[defined])
-                    part[:, 1].index_add_(0, image, torch.ones_like(values[defined]))
+                    per_image[(i, j)][:, 0].index_add_(0, image[defined], values[defined])
+                    per_image[(i, j)][:, 1].index_add_(0, image[defined], torch.ones_like(values[defined]))
         sums.update(per_image)
     ssim_cells = [[None] * m for _ in range(m)]
     intervals = [[None] * m for _ in range(m)]
@@ -143,8 +146,9 @@ def matrix(runs: dict[str, StoredMaps], dataset: str, eval_size: int, resamples:
         if count == 0:
             continue
         ssim_cells[i][j] = ssim_cells[j][i] = float(total / count)
-        weights = bootstrap_weights(per_image.shape[0], resamples, seed).double()
-        drawn = weights @ per_image  # [R, 2]: resampled sum and count
+        compared = per_image[per_image[:, 1] > 0]  # the units: images with a pair compared
+        weights = bootstrap_weights(compared.shape[0], resamples, seed).double()
+        drawn = weights @ compared  # [R, 2]: resampled sum and count
         low, high = percentile_interval(drawn[:, 0] / drawn[:, 1], level).tolist()
         intervals[i][j] = intervals[j][i] = [low, high]
     return Agreement(names, ssim_cells, intervals, pairs, mismatches)
