@@ -4,6 +4,7 @@ real tiny runs); both rendered in markdown and in headless Chromium."""
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -207,3 +208,19 @@ def test_report_renders_both_sections_in_markdown_and_chromium(trusted, stored, 
     assert loaded and loaded.group(1) == loaded.group(2) and int(loaded.group(2)) >= 2  # every figure decoded, cascades too
     assert int(re.search(r'data-width="(\d+)"', dom).group(1)) <= 1400  # no horizontal scrolling
     assert "Is the map the model's?" in dom and f"FAIL {FLAG}" in dom and "Do the maps agree across models?" in dom
+
+
+def test_a_damaged_or_ambiguous_store_ends_the_report_with_one_line(stored, tmp_path, capsys):
+    shutil.copytree(stored / "intensity", tmp_path / "damaged")
+    shard = sorted((tmp_path / "damaged" / "store" / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:-8])
+    folders = [str(stored / "center"), str(tmp_path / "damaged")]
+    assert cli_main(["report", *folders, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: 1 shard(s) of ") and "--resume" in err[0]
+    shutil.copytree(stored / "center" / "store", tmp_path / "damaged" / "second")
+    shutil.rmtree(tmp_path / "damaged" / "store")
+    shutil.copytree(stored / "intensity" / "store", tmp_path / "damaged" / "store")
+    assert cli_main(["report", *folders, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path / 'damaged'} holds 2 prediction stores (second, store): keep the one its run wrote"]
