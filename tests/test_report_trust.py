@@ -17,6 +17,7 @@ from test_report_html import FINDINGS, _chromium
 
 from xbench_pl.commands import main as cli_main
 from xbench_pl.commands.report import trust as trust_section
+from xbench_pl.commands.report.agreement import figure_agreement
 from xbench_pl.commands.report.runs import find_runs
 from xbench_pl.commands.report.trust import FLAG, FLAG_TEXT, TRUST_KEYS, figure_cascade, trust_rows
 from xbench_pl.metrics.agreement import agreement, eval_grid_maps, stored_labels, stored_maps
@@ -177,11 +178,14 @@ def test_a_run_agrees_with_itself_and_two_models_less(stored):
     assert different == pytest.approx(float(ssim(a, b).mean()), rel=1e-12)
 
 
-def test_runs_on_different_images_are_named_not_compared(stored):
+def test_runs_on_different_images_are_named_not_compared(stored, tmp_path):
     result = agreement({"intensity": stored / "intensity" / "store", "more": stored / "more" / "store"}, eval_size=48)["demo"]
     assert result.ssim[0][1] is None and result.ssim[1][0] is None and result.pairs[0][1] == 0
     assert result.ssim[1][1] == pytest.approx(1.0, abs=1e-12)  # each run still agrees with itself
     assert result.mismatches == ["demo: intensity and more saw different images (12 and 14 images, 12 in common): not compared"]
+    figure = figure_agreement(result, tmp_path / "agreement.png", "demo")
+    assert Image.open(tmp_path / "agreement.png").format == "PNG"
+    assert [t.get_text() for t in figure.axes[0].texts] == [f"{result.ssim[0][0]:.2f}", "–", "–", f"{result.ssim[1][1]:.2f}"]
 
 
 def test_report_renders_both_sections_in_markdown_and_chromium(trusted, stored, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from xbench_pl.commands.report.figures import new_figure, save, wrapped
 from xbench_pl.commands.report.page import Section
 from xbench_pl.commands.report.runs import Run
 from xbench_pl.commands.report.tables import cell
@@ -51,6 +52,32 @@ def matrix_table(result) -> tuple[list[str], list[list[str]]]:
     return ["run", *result.names], rows
 
 
+def figure_agreement(result, path: Path, dataset: str):
+    """An ``Agreement`` as a heatmap, returned: a cell per pair of runs, its mean SSIM written in it (grey: not
+    compared)."""
+    import numpy as np
+
+    m = len(result.names)
+    values = np.array([[np.nan if v is None else v for v in row] for row in result.ssim], dtype=float)
+    side = 1.6 + 0.55 * m
+    fig = new_figure(side + 1.6, side)
+    ax = fig.subplots()
+    ax.set_facecolor("#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=1, cmap="viridis")
+    for i in range(m):
+        for j in range(m):
+            text = "–" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="black" if np.isnan(values[i, j]) or values[i, j] > 0.6 else "white")
+    labels = [wrapped(name) for name in result.names]
+    ax.set_xticks(range(m), labels, rotation=45, ha="right", fontsize=6)
+    ax.set_yticks(range(m), labels, fontsize=6)
+    fig.colorbar(image, ax=ax, label="SSIM (mean over pairs)")
+    ax.set_title(f"{dataset}: agreement of the runs' maps", fontsize=8)
+    save(fig, path)
+    return fig
+
+
 def section(runs: list[Run], figures: Path) -> Section | None:
     """None where fewer than two runs saved their maps."""
     from xbench_pl.metrics.agreement import agreement
@@ -68,9 +95,12 @@ def section(runs: list[Run], figures: Path) -> Section | None:
              "over the whole image, each map normalised as its run's benchmark normalises it. Mean over the pairs, 95 % "
              "bootstrap interval over images in brackets, n pairs. 1: the same map; the diagonal compares a run with "
              "itself. Runs that saw different images are not compared (–).")
-    for dataset, result in results.items():
+    for i, (dataset, result) in enumerate(results.items()):
         out.heading(dataset)
         out.table(*matrix_table(result))
         for text in result.mismatches:
             out.text(text, warn=True)
+        path = figures / f"agreement_{i}.png"
+        figure_agreement(result, path, dataset)
+        out.figure(path, f"{dataset}: mean SSIM between two runs' maps of the same (image, finding); – not compared")
     return out
