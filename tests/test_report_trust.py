@@ -130,6 +130,10 @@ def test_cascade_figure_draws_each_stage_against_the_baseline(trusted, tmp_path)
     baselines = sorted(line.get_ydata()[0] for line in visible[0].get_lines() if line.get_linestyle() == "--")
     assert baselines == pytest.approx(sorted(metrics[("clip", e)]["datasets"]["demo"]["mean"]["randomization_baseline"]
                                              for e in ("native", "gradcam")), rel=1e-12)
+    rows = trust_rows(runs, "demo")
+    rows[0]["stages"][-1].update(ssim=-0.42, ssim_interval=[-0.5, -0.4])  # SSIM can be negative: the axis reaches it
+    low, high = figure_cascade(rows, tmp_path / "negative.png", "demo").axes[0].get_ylim()
+    assert low < -0.5 and high > 1
 
 
 def test_no_section_without_trust_keys(trusted):

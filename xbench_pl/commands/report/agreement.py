@@ -63,12 +63,13 @@ def figure_agreement(result, path: Path, dataset: str):
     fig = new_figure(side + 1.6, side)
     ax = fig.subplots()
     ax.set_facecolor("#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=1, cmap="viridis")
+    low = min(0.0, float(np.nanmin(values))) if not np.isnan(values).all() else 0.0  # SSIM may be negative
+    image = ax.imshow(np.ma.masked_invalid(values), vmin=low, vmax=1, cmap="viridis")
     for i in range(m):
         for j in range(m):
             text = "–" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}"
             ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="black" if np.isnan(values[i, j]) or values[i, j] > 0.6 else "white")
+                    color="black" if np.isnan(values[i, j]) or values[i, j] > low + 0.6 * (1 - low) else "white")
     labels = [wrapped(name) for name in result.names]
     ax.set_xticks(range(m), labels, rotation=45, ha="right", fontsize=6)
     ax.set_yticks(range(m), labels, fontsize=6)

@@ -11,6 +11,7 @@ cascade, each stage's SSIM (with its interval) against the run's baseline (``rep
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from xbench_pl.commands.report.figures import new_figure, save, wrapped
@@ -107,10 +108,12 @@ def figure_cascade(rows: list[dict], path: Path, dataset: str):
     columns = min(3, len(models))
     panels = math.ceil(len(models) / columns)
     stages = max(len(r["stages"]) for r in rows)
-    fig = new_figure(2.2 + 3.2 * columns, 0.8 + panels * (2.2 + 0.08 * stages))
+    width = 2.2 + 3.2 * columns
+    fig = new_figure(width, 0.8 + panels * (2.2 + 0.08 * stages))
     axes = fig.subplots(panels, columns, squeeze=False).ravel()
     for ax, model in zip(axes, models):
         mine = [r for r in rows if r["model"] == model and r["stages"]]
+        drawn = []  # every value drawn: SSIM can be negative (the axis reaches it)
         for row in mine:
             colour = colours(explainers.index(row["explainer"]))
             xs = list(range(len(row["stages"])))
@@ -121,16 +124,17 @@ def figure_cascade(rows: list[dict], path: Path, dataset: str):
                             [math.nan if b[1] is None else b[1] for b in bands], color=colour, alpha=0.15, linewidth=0)
             if row["randomization_baseline"] is not None:
                 ax.axhline(row["randomization_baseline"], color=colour, linestyle="--", linewidth=0.8)
+            drawn += [v for v in ys + [b for band in bands for b in band] if v is not None and not math.isnan(v)]
         names = max((r["stages"] for r in mine), key=len)
         ax.set_xticks(range(len(names)), [wrapped(s["stage"]) for s in names], rotation=45, ha="right", fontsize=6)
-        ax.set(ylim=(-0.05, 1.05), ylabel="SSIM to the trained model's maps")
+        ax.set(ylim=(min(-0.05, *(v - 0.05 for v in drawn)), 1.05), ylabel="SSIM to the trained model's maps")
         ax.set_title(wrapped(model), fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="upper right")
+        ax.legend(fontsize=6, loc="best")
     for ax in axes[len(models):]:
         ax.set_visible(False)
-    fig.suptitle(f"{dataset}: randomization cascade (stages randomized cumulatively, left to right; dashed: random-pair "
-                 "baseline)", fontsize=8)
+    title = f"{dataset}: randomization cascade (stages randomized cumulatively, left to right; dashed: random-pair baseline)"
+    fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=8)  # about 13 characters per inch at 8 pt
     save(fig, path)
     return fig
 
