@@ -81,7 +81,7 @@ def trust_table(rows: list[dict], tables: dict[str, dict]) -> tuple[list[str], l
     for row in rows:
         table = tables[row["run"]]
         test = {True: "pass", False: f"FAIL {FLAG}", None: "–"}[row["passes_randomization"]]
-        pg = cell(row["pointing_game"]) + (f" {FLAG}" if row["flagged"] else "")
+        pg = with_interval(table, "pointing_game") + (f" {FLAG}" if row["flagged"] else "")
         body.append([row["run"], pg, *(with_interval(table, k) for k in TRUST_KEYS[:2]), test,
                      *(with_interval(table, k) for k in TRUST_KEYS[2:])])
     return header, body
@@ -151,8 +151,8 @@ def section(runs: list[Run], figures: Path) -> Section | None:
              "finding); the maps pass where they fall below it. Deletion and insertion AUC: the finding's score as "
              "the most relevant pixels are removed (lower is faithful) or inserted (higher is faithful). "
              "Random-target SSIM: the map of the finding against that of another finding on the same image. "
-             "Macro means over findings, 95 % bootstrap intervals in brackets. Runs without `--model.trust` are not "
-             "listed.")
+             "Macro means over findings, 95 % bootstrap intervals in brackets; – where not measured or undefined (a "
+             "model without weights has nothing to randomize). Runs without `--model.trust` are not listed.")
     out.text(FLAG_TEXT)
     for i, dataset in enumerate(names):
         rows = trust_rows(runs, dataset)
