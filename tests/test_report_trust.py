@@ -103,7 +103,7 @@ def test_pointing_game_beside_the_sanity_checks_and_the_failed_one_flagged(trust
             row = rows[model if explainer == "native" else f"{model} [{explainer}]"]
             low, high = table["ci"]["mean"]["pointing_game"]
             pg = f"{table['mean']['pointing_game']:.3f} [{low:.3f}, {high:.3f}]"
-            assert row[0] == (f"{pg} {FLAG}" if not passes else pg)
+            assert row[0] == (f"{FLAG} {pg}" if not passes else pg)
             assert row[3] == ("pass" if passes else f"FAIL {FLAG}")
             for cell, key in zip(row[1:3] + row[4:], TRUST_KEYS):
                 low, high = table["ci"]["mean"][key]

@@ -81,7 +81,7 @@ def trust_table(rows: list[dict], tables: dict[str, dict]) -> tuple[list[str], l
     for row in rows:
         table = tables[row["run"]]
         test = {True: "pass", False: f"FAIL {FLAG}", None: "–"}[row["passes_randomization"]]
-        pg = with_interval(table, "pointing_game") + (f" {FLAG}" if row["flagged"] else "")
+        pg = (f"{FLAG} " if row["flagged"] else "") + with_interval(table, "pointing_game")  # first: seen in a wrapped cell
         body.append([row["run"], pg, *(with_interval(table, k) for k in TRUST_KEYS[:2]), test,
                      *(with_interval(table, k) for k in TRUST_KEYS[2:])])
     return header, body
