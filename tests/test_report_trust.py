@@ -2,6 +2,7 @@
 run_files writes them) and the agreement matrix across models (``metrics.agreement``, from the prediction stores of
 real tiny runs); both rendered in markdown and in headless Chromium."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ from xbench_pl.commands.report import trust as trust_section
 from xbench_pl.commands.report.agreement import figure_agreement
 from xbench_pl.commands.report.runs import find_runs
 from xbench_pl.commands.report.trust import FLAG, FLAG_TEXT, TRUST_KEYS, figure_cascade, trust_rows
-from xbench_pl.metrics.agreement import agreement, eval_grid_maps, stored_labels, stored_maps
+from xbench_pl.metrics.agreement import agreement, eval_grid_maps, matrix, stored_labels, stored_maps
 from xbench_pl.metrics.trust import ssim
 
 STAGES = ("decoder", "text", "image.block3", "image.block2")
@@ -164,7 +165,8 @@ def test_a_run_agrees_with_itself_and_two_models_less(stored):
               "intensity again": stored / "intensity" / "store"}
     result = agreement(stores, eval_size=48)["demo"]
     assert result.names == list(stores) and result.mismatches == []
-    positives = sum(row["n_pos"] for row in json.loads((stored / "center" / "metrics.json").read_text())["datasets"]["demo"]["classes"].values())
+    classes = json.loads((stored / "center" / "metrics.json").read_text())["datasets"]["demo"]["classes"]
+    positives = sum(row["n_pos"] for row in classes.values())
     assert all(n == positives for row in result.pairs for n in row) and positives == 12
     for i in range(3):
         assert result.ssim[i][i] == pytest.approx(1.0, abs=1e-12)
@@ -188,6 +190,12 @@ def test_runs_on_different_images_are_named_not_compared(stored, tmp_path):
     assert result.ssim[0][1] is None and result.ssim[1][0] is None and result.pairs[0][1] == 0
     assert result.ssim[1][1] == pytest.approx(1.0, abs=1e-12)  # each run still agrees with itself
     assert result.mismatches == ["demo: intensity and more saw different images (12 and 14 images, 12 in common): not compared"]
+    held = stored_maps(stored / "intensity" / "store")["demo"]
+    fewer = dataclasses.replace(held, classes=held.classes[1:])  # the same images, another finding list
+    other = matrix({"all": held, "fewer": fewer}, "demo", eval_size=48)
+    assert other.ssim[0][1] is None and other.ssim[0][0] == pytest.approx(1.0, abs=1e-12)
+    assert other.mismatches == [f"demo: all and fewer hold different findings ({', '.join(held.classes)} vs "
+                                f"{', '.join(held.classes[1:])}): not compared"]
     figure = figure_agreement(result, tmp_path / "agreement.png", "demo")
     assert Image.open(tmp_path / "agreement.png").format == "PNG"
     assert [t.get_text() for t in figure.axes[0].texts] == [f"{result.ssim[0][0]:.2f}", "–", "–", f"{result.ssim[1][1]:.2f}"]

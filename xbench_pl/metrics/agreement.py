@@ -96,7 +96,8 @@ def _same_images(a: StoredMaps, b: StoredMaps) -> bool:
 
 def _mismatch(dataset: str, name_a: str, a: StoredMaps, name_b: str, b: StoredMaps) -> str:
     if a.classes != b.classes:
-        return f"{dataset}: {name_a} and {name_b} hold different findings ({', '.join(a.classes)} vs {', '.join(b.classes)}): not compared"
+        return (f"{dataset}: {name_a} and {name_b} hold different findings ({', '.join(a.classes)} vs "
+                f"{', '.join(b.classes)}): not compared")
     shared = len(a.rows.keys() & b.rows.keys())
     return (f"{dataset}: {name_a} and {name_b} saw different images ({len(a.rows)} and {len(b.rows)} images, {shared} in "
             "common): not compared")
