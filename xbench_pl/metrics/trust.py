@@ -10,7 +10,7 @@
   deletion), the most relevant pixels first, K steps, replaced by a stated baseline (``blurred_baseline``,
   ``mean_baseline``).
 - ``random_pair_baseline``: Arun et al.'s randomization baseline, the mean SSIM of random pairs of the trained
-  model's maps of different images (same finding).
+  model's maps of different images (same finding); ``passes_randomization``: below it after the last stage.
 
 NaN where a value is undefined (a constant map's rank correlation, a map smaller than the SSIM window, no pair).
 docs/trust.md states the definitions and where they differ from the references.
@@ -218,3 +218,11 @@ def random_pair_baseline(maps: torch.Tensor, image_ids: Sequence, finding_ids: S
     total = sum(float(ssim(maps[pairs[s:s + batch_size, 0]], maps[pairs[s:s + batch_size, 1]]).sum())
                 for s in range(0, len(pairs), batch_size))
     return total / len(pairs)
+
+
+def passes_randomization(last_stage_similarity: float, baseline: float) -> bool | None:
+    """Whether a map passes the randomization test (Arun et al.): its mean similarity to the trained model's map after
+    the last stage falls below the random-pair baseline. None where either is undefined (NaN)."""
+    if math.isnan(last_stage_similarity) or math.isnan(baseline):
+        return None
+    return last_stage_similarity < baseline

@@ -128,7 +128,8 @@ def detached_copy(model: nn.Module) -> nn.Module:
 
 def randomized_copy(model: nn.Module, upto: int, seed: int) -> nn.Module:
     """A copy of ``model`` (untouched) with cascade stages 0..``upto`` re-initialised (stage i from seed
-    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect."""
+    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect
+    (those of a model whose caches do not follow its weights, ``CACHES_FOLLOW_WEIGHTS``, are kept)."""
     stages = cascade_stages(model)
     if not 0 <= upto < len(stages):
         raise ValueError(f"randomized_copy: upto must be in [0, {len(stages) - 1}] for {type(model).__name__}'s "
@@ -140,6 +141,6 @@ def randomized_copy(model: nn.Module, upto: int, seed: int) -> nn.Module:
             torch.manual_seed(seed + index)
             for name in names:
                 reinitialise(randomized, name)
-    if hasattr(randomized, "clear_caches"):
+    if getattr(randomized, "CACHES_FOLLOW_WEIGHTS", False):  # MedKLIP's come from a text encoder outside the model
         randomized.clear_caches()
     return randomized.eval()
