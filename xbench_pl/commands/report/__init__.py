@@ -1,8 +1,9 @@
 """``python -m xbench_pl report RUN_DIR... --out DIR``: ``report.md``, a self-contained ``report.html`` and ``report.json``.
 
 A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`` and ``calibration/`` files the
-visual callbacks wrote, if any) or a ``sweep --out`` folder (every ``runs/*/metrics.json``). The report shows
-Table 1, models x explainers, each run as a % of a reader, subgroup gaps, AUROC against Pointing Game and the
+visual callbacks wrote, and a prediction store, ``--predictions RUN_DIR/store``, if any) or a ``sweep --out`` folder (every ``runs/*/metrics.json``). The report shows
+Table 1, models x explainers, the sanity and faithfulness tests (``--model.trust``), the agreement of the
+runs' saved maps, each run as a % of a reader, subgroup gaps, AUROC against Pointing Game and the
 calibration gap, the per-finding tables and the runs' saved plots; a run has one label throughout, and a
 dataset whose runs saw different images is shown once per image set.
 
