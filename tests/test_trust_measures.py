@@ -273,7 +273,8 @@ def test_random_pair_baseline_pairs_different_images_of_one_finding():
     patterns = normalised(torch.rand(2, 9, 9, generator=generator, dtype=torch.float64))
     # every map of a finding is that finding's pattern: pairs within a finding have SSIM 1, across findings less
     maps = patterns[[0, 0, 0, 1, 1]]
-    assert random_pair_baseline(maps, ["a", "b", "c", "a", "b"], ["x", "x", "x", "y", "y"], seed=0) == pytest.approx(1.0, abs=1e-12)
+    value = random_pair_baseline(maps, ["a", "b", "c", "a", "b"], ["x", "x", "x", "y", "y"], seed=0)
+    assert value == pytest.approx(1.0, abs=1e-12)
     assert float(ssim(patterns[:1], patterns[1:])) < 0.5
     # two maps of one image are never paired: the other finding's pair decides
     maps = torch.cat([patterns[[0, 1]], patterns[[1, 1]]])
