@@ -41,6 +41,19 @@ def test_grid_expansion_and_commands(tmp_path):
     assert first[-4:] == ["--out", str(runs[0].folder), "--trainer.logger.init_args.save_dir", str(runs[0].folder)]
 
 
+def test_trust_sweep_runs_every_model_and_explainer_with_the_trust_measures(tmp_path):
+    spec = sweep.read_sweep(REPO / "sweeps" / "trust_x_explainers.yaml")
+    runs = sweep.plan(spec, tmp_path)
+    models, explainers = spec["parameters"]["model"]["values"], spec["parameters"]["model.explainer"]["values"]
+    assert len(runs) == len(models) * len(explainers) == 6 * 9 and "rollout" not in explainers
+    assert all((REPO / model).is_file() for model in models)
+    for run in runs:
+        options = [a for a in run.command if a.startswith("--model")]
+        assert options[0].startswith("--model=sweeps/models/") and options[1].startswith("--model.explainer=")
+        assert options[2] == "--model.trust=randomization,deletion,insertion,random_target"
+    assert spec["metric"] == {"name": "demo/randomization_ssim", "goal": "minimize"}
+
+
 def test_random_expansion_is_seeded_and_follows_the_distributions():
     spec = sweep.read_sweep(REPO / "sweeps" / "center_sigma_random.yaml")
     a, b = sweep.expand(spec, count=20, seed=3), sweep.expand(spec, count=20, seed=3)

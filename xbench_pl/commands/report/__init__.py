@@ -1,16 +1,19 @@
 """``python -m xbench_pl report RUN_DIR... --out DIR``: ``report.md``, a self-contained ``report.html`` and ``report.json``.
 
 A RUN_DIR is a ``test --out`` folder (its ``metrics.json``, and the ``heatmaps/`` and ``calibration/`` files the
-visual callbacks wrote, if any) or a ``sweep --out`` folder (every ``runs/*/metrics.json``). The report shows
-Table 1, models x explainers, each run as a % of a reader, subgroup gaps, AUROC against Pointing Game and the
-calibration gap, the per-finding tables and the runs' saved plots; a run has one label throughout, and a
-dataset whose runs saw different images is shown once per image set.
+visual callbacks wrote and a prediction store, ``--predictions RUN_DIR/store``, if any) or a ``sweep --out`` folder
+(every ``runs/*/metrics.json``). The report shows Table 1, models x explainers, the sanity and faithfulness tests
+(``--model.trust``), the agreement of the runs' saved maps, each run as a % of a reader, subgroup gaps, AUROC
+against Pointing Game and the calibration gap, the per-finding tables and the runs' saved plots; a run has one
+label throughout, and a dataset whose runs saw different images is shown once per image set.
 
 The page is a list of sections (``SECTIONS``), each a module whose ``section(runs, figures) -> Section | None``
 gives its part (None: nothing to show for these runs):
 
 - ``table1``: the datasets x runs grid of Pointing Game / Dice@0.5 / IoU@0.5 (Table 1 of the paper);
 - ``explainers``: where the runs' maps differ in explainer, models x explainers per dataset;
+- ``trust``: where runs measured trust (``--model.trust``), Pointing Game beside the sanity and faithfulness tests;
+- ``agreement``: where two or more runs saved their maps (a prediction store), the SSIM between their maps;
 - ``reader``: where a reader run covers a dataset, each run as a share of the radiologist's values;
 - ``fairness``: where runs have ``by_group``, per group value and the gap;
 - ``correlation``: AUROC against Pointing Game (Fig. 3, Pearson's r) and the calibration gap (Fig. 4);
@@ -36,14 +39,14 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import wrap
-from xbench_pl.commands.report import correlation, explainers, fairness, findings, paper, reader, saved, table1
+from xbench_pl.commands.report import agreement, correlation, explainers, fairness, findings, paper, reader, saved, table1, trust
 from xbench_pl.commands.report.correlation import r2_text
 from xbench_pl.commands.report.page import Section, markdown, page
 from xbench_pl.commands.report.runs import Run, find_runs, image_sets
 from xbench_pl.outputs import atomic_write, check_writable, write_whole
 
 #: the page's sections in order (after ``opening``)
-SECTIONS = (table1, explainers, reader, fairness, correlation, findings, saved)
+SECTIONS = (table1, explainers, trust, agreement, reader, fairness, correlation, findings, saved)
 #: sections added by ``--against NAME``, after Table 1
 AGAINST = {"paper": paper}
 
