@@ -35,6 +35,7 @@ def in_process(*args, **environ) -> subprocess.CompletedProcess:
         with (warnings.catch_warnings(record=True) as caught, redirect_stdout(out), redirect_stderr(err),
               mock.patch.object(sys, "argv", sys.argv[:1])):
             warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)  # as on the command line: libraries' notes to their users' code
             try:
                 code = main(list(args))
             except SystemExit as exit_:  # --help, --print_config
