@@ -94,28 +94,26 @@ def test_sample_choice_is_the_same_for_any_split_and_bounded():
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same 11-image demo split: without callbacks, with the PNG preset in one process, and with the W&B
-    preset (offline; it writes the PNG preset's files too) on 2 DDP processes: one launch in a subprocess serves
-    the DDP and the W&B tests (W&B starts its own service)."""
+    """The same 11-image demo split: without callbacks, with the PNG preset on 1 and on 2 DDP processes,
+    and with the W&B preset (offline); DDP and W&B (which starts its own service) in subprocesses."""
     tmp = tmp_path_factory.mktemp("callbacks")
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     split = tmp / "split.csv"
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    presets = {}
-    for name in ("png", "wandb"):  # callbacks/NAME.yaml with 2 samples per finding
-        presets[name] = tmp / f"{name}2.yaml"
-        presets[name].write_text((REPO / "callbacks" / f"{name}.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
+    preset = tmp / "png2.yaml"  # callbacks/png.yaml with 2 samples per finding
+    preset.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
+    png = ["--config", str(preset)]
     results = {
         "plain": in_process(*common, "--out", str(tmp / "plain")),
-        "png": in_process(*common, "--config", str(presets["png"]), "--out", str(tmp / "png")),
-        "wandb_ddp": cli(*common, "--config", str(presets["wandb"]), "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                         "--out", str(tmp / "wandb_ddp"), timeout=600),  # W&B's run under --out
+        "png": in_process(*common, *png, "--out", str(tmp / "png")),
+        "png_ddp": cli(*common, *png, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp / "png_ddp")),
+        "wandb": cli(*common, "--config", "callbacks/wandb.yaml", "--out", str(tmp / "wandb")),  # W&B's run under --out
     }
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
-    (tmp / "wandb_console.txt").write_text(results["wandb_ddp"].stdout + results["wandb_ddp"].stderr)
+    (tmp / "wandb_console.txt").write_text(results["wandb"].stdout + results["wandb"].stderr)
     return tmp
 
 
@@ -130,7 +128,7 @@ def _files(folder: Path, sub: str) -> dict[str, bytes]:
 
 
 def test_callbacks_never_change_a_metric(runs):
-    assert _metrics(runs / "plain") == _metrics(runs / "png") == _metrics(runs / "wandb_ddp")
+    assert _metrics(runs / "plain") == _metrics(runs / "png") == _metrics(runs / "png_ddp") == _metrics(runs / "wandb")
     assert (runs / "plain" / "metrics.md").read_bytes() == (runs / "png" / "metrics.md").read_bytes()
     assert not (runs / "plain" / "heatmaps").exists() and not (runs / "plain" / "calibration").exists()
     report = json.loads((runs / "plain" / "metrics.json").read_text())
@@ -160,19 +158,19 @@ def test_png_fallback_writes_heatmaps_calibration_and_tables(runs):
 
 
 def test_samples_identical_on_one_and_two_ddp_processes(runs):
-    one, two = _files(runs / "png", "heatmaps"), _files(runs / "wandb_ddp", "heatmaps")
+    one, two = _files(runs / "png", "heatmaps"), _files(runs / "png_ddp", "heatmaps")
     assert one.keys() == two.keys() and len(one) > 2
-    assert one == two  # the same images, drawn the same, nothing duplicated or lost (and the same files with W&B)
-    assert _files(runs / "png", "calibration") == _files(runs / "wandb_ddp", "calibration")
+    assert one == two  # the same images, drawn the same, nothing duplicated or lost
+    assert _files(runs / "png", "calibration") == _files(runs / "png_ddp", "calibration")
 
 
 def test_wandb_offline_run_holds_the_media_and_table(runs):
-    run_dirs = list((runs / "wandb_ddp" / "wandb").glob("offline-run-*"))
-    assert len(run_dirs) == 1, list((runs / "wandb_ddp").rglob("*"))[:20]  # one run, of rank 0
+    run_dirs = list((runs / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 1, list((runs / "wandb").rglob("*"))[:20]
     media = run_dirs[0] / "files" / "media"
     images = sorted((media / "images").rglob("*.png"))
-    heatmaps = sorted((runs / "wandb_ddp" / "heatmaps").rglob("*.png"))
-    calibration = sorted((runs / "wandb_ddp" / "calibration").rglob("*.png"))
+    heatmaps = sorted((runs / "wandb" / "heatmaps").rglob("*.png"))
+    calibration = sorted((runs / "wandb" / "calibration").rglob("*.png"))
     assert len(images) == len(heatmaps) + len(calibration)
     logged = {p.read_bytes() for p in images}
     assert all(p.read_bytes() in logged for p in heatmaps)
