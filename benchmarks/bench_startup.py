@@ -2,10 +2,12 @@
 ``--repeats`` fresh processes of the wall time and of the import time (the sum of the top-level entries of
 ``python -X importtime``), and whether Lightning and torch were imported.
 
-The command lines: every command's ``--help`` and the typical early errors (an unknown model or dataset, a
+The command lines: every command's ``--help``, the typical early errors (an unknown model or dataset, a
 ``--data.root`` that is no folder, an ``--out`` that cannot be written, a bad number), each as a user types
-it. Run: ``python benchmarks/bench_startup.py [--repeats 3] [--only test] [--repo DIR]`` (``--repo``: another
-checkout to measure, e.g. an older commit's ``git archive``, for a before/after on the same machine).
+it, and two whole runs on the demo: ``test`` of the ``center`` baseline (native maps: no explainer library should
+load) writing a prediction store, and ``score`` of that store. Run: ``python benchmarks/bench_startup.py
+[--repeats 3] [--only test] [--repo DIR]`` (``--repo``: another checkout to measure, e.g. an older commit's
+``git archive``, for a before/after on the same machine).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +41,13 @@ LINES = [
     ("test: bad number", ["test", "--model", "center", "--data", "demo", "--data.batch_size", "0"]),
     ("test: --data.root not given", ["test", "--model", "center", "--data", "nih_bbox"]),
     ("score: no store", ["score", "--predictions", "/no/such/store"]),
+    # whole runs ({work}: a temporary folder; the store of the test run is the one score reads)
+    ("test: a native run (center, demo)", ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "0",
+                                           "--predictions", "{work}/store", "--out", "{work}/test"]),
+    ("score: a run (the store above)", ["score", "--predictions", "{work}/store", "--out", "{work}/score"]),
 ]
+#: the libraries only an explainer other than ``native`` needs
+EXPLAINER_LIBRARIES = {"pytorch_grad_cam", "open_clip", "timm"}
 #: ``-X importtime``'s lines: cumulative µs, the indent (one space: a top-level import) and the module
 IMPORT = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \|( +)([\w.]+)$", re.M)
 
@@ -62,15 +72,24 @@ def main() -> None:
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start; "
           f"median of {args.repeats} fresh processes of {args.repo}")
-    print("| command line | wall s | import s | exit | lightning | torch |\n|---|---:|---:|---:|---|---|")
-    for label, line in LINES:
-        if args.only not in label:
-            continue
-        runs = [measure(line, args.repo) for _ in range(args.repeats)]
-        wall, imports = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-        packages, code = runs[-1][2], runs[-1][3]
-        print(f"| `{label}` | {wall:.2f} | {imports:.2f} | {code} | {'yes' if 'lightning' in packages else 'no'} | "
-              f"{'yes' if 'torch' in packages else 'no'} |", flush=True)
+    print("| command line | wall s | import s | exit | lightning | torch | explainer libraries |\n"
+          "|---|---:|---:|---:|---|---|---|")
+    with tempfile.TemporaryDirectory() as work:
+        for label, line in LINES:
+            if args.only not in label:
+                continue
+            line = [token.format(work=work) for token in line]
+            runs = []
+            for _ in range(args.repeats):
+                if line[0] == "test":  # each test run writes a new store (the last one stays for score)
+                    for folder in ("store", "test"):
+                        shutil.rmtree(Path(work) / folder, ignore_errors=True)
+                runs.append(measure(line, args.repo))
+            wall, imports = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            packages, code = runs[-1][2], runs[-1][3]
+            print(f"| `{label}` | {wall:.2f} | {imports:.2f} | {code} | {'yes' if 'lightning' in packages else 'no'} | "
+                  f"{'yes' if 'torch' in packages else 'no'} | {', '.join(sorted(packages & EXPLAINER_LIBRARIES)) or 'none'} |",
+                  flush=True)
     print(f"load {os.getloadavg()[0]:.1f} at the end")
 
 

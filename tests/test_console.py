@@ -29,9 +29,13 @@ def full_row(seed: float) -> dict:
     return {key: (12 if key.startswith("n_") else round(seed + i / 1000, 3)) for i, key in enumerate(column_names())}
 
 
-def test_a_piped_run_prints_progress_lines_and_a_table_that_fits_100_columns(tmp_path):
+def test_a_piped_run_prints_progress_lines_and_a_table_that_fits_100_columns(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # -X importtime: what the run imported, on stderr
     result = cli("test", "--model", "location_prior", "--data", "demo", "--data.batch_size", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\w+)", result.stderr, re.M))
+    assert "lightning" in imported  # the run was profiled
+    assert not imported & {"pytorch_grad_cam", "open_clip", "timm", "sklearn"}, imported  # native maps: no explainer library
     assert not ANSI.search(result.stdout + result.stderr)
     steps = [(int(a), int(b)) for a, b in PROGRESS.findall(result.stderr)]
     assert steps[-1] == (12, 12) and len(steps) > 2  # a line every few batches and a final one (12 images, batch 1)

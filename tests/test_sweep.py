@@ -89,11 +89,13 @@ def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
 
 
 def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, capsys, monkeypatch):
-    """The center_sigma sweep, 2 configurations plus one that fails (without the W&B logger, for speed)."""
+    """The center_sigma sweep (without the W&B logger, for speed): one configuration and one that fails; then, as
+    after an interruption, the grid grown by a configuration whose run left its folder but no metrics.json: the
+    restart runs only that one (and the failed one). Two runs of the model in all."""
     spec = yaml.safe_load((REPO / "sweeps" / "center_sigma.yaml").read_text())
     at = spec["command"].index("--trainer.logger")
     del spec["command"][at : at + 2]
-    spec["parameters"]["model.sigma"]["values"] = [0.1, 0.3, -1.0]
+    spec["parameters"]["model.sigma"]["values"] = [0.1, -1.0]
     file = tmp_path / "sigma.yaml"
     file.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = tmp_path / "out"
@@ -101,21 +103,26 @@ def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, cap
     assert sweep.main([str(file), "--out", str(out)]) == 1  # one run failed, the others went on
     with (out / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["status"] for r in rows] == ["done", "done", "failed (exit 2)"]
-    dice = [json.loads((Path(r["folder"]) / "metrics.json").read_text())["datasets"]["demo"]["mean"]["dice_best"] for r in rows[:2]]
-    assert [float(r["demo/dice_best"]) for r in rows[:2]] == dice and dice[0] >= dice[1]  # sorted, maximize
-    assert "error: --model.sigma: must be > 0, got -1.0" in (Path(rows[2]["folder"]) / "log.txt").read_text()
-    assert "| model.sigma |" in (out / "summary.md").read_text()
-    # interrupted: one finished run lost its metrics.json; the restart reruns only that one (and the failed one)
-    lost = Path(rows[1]["folder"]) / "metrics.json"
-    lost.unlink()
+    assert [r["status"] for r in rows] == ["done", "failed (exit 2)"]
+    assert "error: --model.sigma: must be > 0, got -1.0" in (Path(rows[1]["folder"]) / "log.txt").read_text()
     kept = (Path(rows[0]["folder"]) / "metrics.json").stat().st_mtime_ns
+    # interrupted: the run of sigma 0.3 started (its folder, params and log) and never wrote its metrics.json
+    spec["parameters"]["model.sigma"]["values"] = [0.1, 0.3, -1.0]
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    lost = out / "runs" / sweep.run_id({"model.sigma": 0.3})
+    lost.mkdir(parents=True)
+    (lost / "params.json").write_text(json.dumps({"model.sigma": 0.3}))
+    (lost / "log.txt").write_text("killed\n")
     capsys.readouterr()
     assert sweep.main([str(file), "--out", str(out)]) == 1
     with (out / "summary.csv").open() as f:
-        again = {r["run"]: r["status"] for r in csv.DictReader(f)}
-    assert again == {rows[0]["run"]: "skipped (done)", rows[1]["run"]: "done", rows[2]["run"]: "failed (exit 2)"}
-    assert lost.is_file() and (Path(rows[0]["folder"]) / "metrics.json").stat().st_mtime_ns == kept
+        again = list(csv.DictReader(f))
+    assert {r["run"]: r["status"] for r in again} == {rows[0]["run"]: "skipped (done)", lost.name: "done",
+                                                      rows[1]["run"]: "failed (exit 2)"}
+    assert (lost / "metrics.json").is_file() and (Path(rows[0]["folder"]) / "metrics.json").stat().st_mtime_ns == kept
+    dice = [json.loads((Path(r["folder"]) / "metrics.json").read_text())["datasets"]["demo"]["mean"]["dice_best"] for r in again[:2]]
+    assert [float(r["demo/dice_best"]) for r in again[:2]] == dice and dice[0] >= dice[1]  # sorted, maximize
+    assert "| model.sigma |" in (out / "summary.md").read_text()
 
 
 # -- --model.image_size ----------------------------------------------------------------------------

@@ -12,14 +12,15 @@ forward runs again.
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import torch
 
-from xbench_pl.explainers.cams import CAM_METHODS, LIBRARY, CAMExplainer, library_version
-from xbench_pl.explainers.relevance import RelevanceExplainer, refusal
-from xbench_pl.explainers.towers import image_tower, query_decoder
 from xbench_pl.options import ExplainerName
+
+if TYPE_CHECKING:
+    from xbench_pl.explainers.cams import CAMExplainer
+    from xbench_pl.explainers.relevance import RelevanceExplainer
 
 EXPLAINERS: tuple[str, ...] = get_args(ExplainerName)
 #: explainers whose maps read no target (the same map for every finding, or none at all)
@@ -29,6 +30,11 @@ TARGETLESS = ("native", "eigencam", "rollout")
 def build_explainer(model, name: str, layer: str | None) -> CAMExplainer | RelevanceExplainer:
     """The explainer ``name`` of ``model`` (built, with its towers), checked: an unknown layer, or a method
     the model's architecture has nothing for, is a one-line ``ValueError``."""
+    # here, not at the top: a native run (every run's explainer_info) never loads pytorch-grad-cam, open_clip, transformers
+    from xbench_pl.explainers.cams import CAM_METHODS, CAMExplainer
+    from xbench_pl.explainers.relevance import RelevanceExplainer, refusal
+    from xbench_pl.explainers.towers import image_tower, query_decoder
+
     if name not in EXPLAINERS or name == "native":
         raise ValueError(f"explainer must be one of {list(EXPLAINERS[1:])} here, got {name!r}")
     tower = image_tower(model)
@@ -56,6 +62,8 @@ def explainer_info(name: str, explainer: CAMExplainer | RelevanceExplainer | Non
 
     if explainer is None:
         return {"name": "native", "target_layer": None, "target": None, "library": "xbench_pl", "version": xbench_pl.__version__}
+    from xbench_pl.explainers.cams import LIBRARY, CAMExplainer, library_version
+
     cam = isinstance(explainer, CAMExplainer)
     return {"name": name, "target_layer": explainer.layer, "target": None if name in TARGETLESS else target,
             "library": LIBRARY if cam else "xbench_pl", "version": library_version() if cam else xbench_pl.__version__}
