@@ -63,6 +63,7 @@ from xbench_pl.models.layers.cxr_bert import CXRBert
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           weights_in)
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
+from xbench_pl.models.randomization import image_tower_stages
 from xbench_pl.models.stand_ins import stand_in_tokenizer
 
 ARCHITECTURE_KEYS = ("image", "text", "smoothing", "preprocess")
@@ -176,6 +177,10 @@ class BioViL(ZeroShotModel):
     IGNORE_UNEXPECTED_TEXT = (r"^cls\.predictions\.",)  # the masked-language-model head
     TRAINABLE = (r"^text\.cls_projection_head\.",)  # fit: the text projection
     IMAGE_TOWER = "visual.trunk"
+    #: the cascade of weight randomization (``models.randomization``)
+    RANDOMIZATION_STAGES = (("text", ("text",)),
+                            ("image head", ("visual.projector", "visual.backbone_to_vit", "visual.missing_previous_emb")),
+                            *image_tower_stages("visual.trunk"))
 
     def __init__(
         self,

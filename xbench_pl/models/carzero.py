@@ -63,6 +63,7 @@ from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.randomization import image_tower_stages
 
 PREFIX = "CARZero."
 ARCHITECTURE_KEYS = ("image", "text", "decoder", "head", "prompt", "preprocess")
@@ -206,6 +207,9 @@ class CARZero(ZeroShotModel):
     TRAINABLE = (r"^mlp_head\.",)  # fit: the score head (its text embeddings are computed without gradients)
     INPUT_SIZES = {224: "carzero"}
     IMAGE_TOWER = "image"
+    #: the cascade of weight randomization (``models.randomization``)
+    RANDOMIZATION_STAGES = (("decoder", ("mlp_head", "decoder")), ("text", ("text",)),
+                            ("image head", ("image.layernorm",)), *image_tower_stages("image"))
     EXPLAINER_TARGET = "logits"  # its raw (i2t + t2i) / 2
 
     def __init__(

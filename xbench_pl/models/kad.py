@@ -61,6 +61,7 @@ from xbench_pl.models.layers import BertQueryEncoder, QueryDecoder, ResNetPatche
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           resolve_file, sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.randomization import image_tower_stages
 
 TEXT_HINT = ("the Med-KEBERT tokenizer files from a local folder (text=DIR): vocab.txt (required), "
              "tokenizer_config.json and special_tokens_map.json of the Hugging Face model xmcmic/Med-KEBERT")
@@ -147,6 +148,9 @@ class KAD(ZeroShotModel):
     TRAINABLE = (r"^mlp_head\.",)  # fit: the classifier head (queries are embedded without gradients)
     INPUT_SIZES = {224: "kad-224", 512: "kad-512", 1024: "kad-1024"}  # --model.image_size -> the released variant
     IMAGE_TOWER = "image"
+    #: the cascade of weight randomization (``models.randomization``)
+    RANDOMIZATION_STAGES = (("decoder", ("mlp_head", "decoder")), ("text", ("text",)),
+                            ("image head", ("project", "image.layernorm")), *image_tower_stages("image"))
 
     def __init__(
         self,

@@ -88,6 +88,7 @@ from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, loca
                                           resolve_file, sized_architecture, weights_in)
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.randomization import image_tower_stages
 from xbench_pl.outputs import atomic_write, file_bytes
 from xbench_pl.models.stand_ins import stand_in_tokenizer
 
@@ -339,6 +340,9 @@ class MedKLIP(ZeroShotModel):
     RELEASED = "checkpoint_final.pth"
     INPUT_SIZES = {224: "medklip"}
     IMAGE_TOWER = "image"
+    #: the cascade of weight randomization (``models.randomization``); the query texts' BERT is not the model's (``TextEncoder``)
+    RANDOMIZATION_STAGES = (("decoder", ("classifier", "decoder")), ("query", ("disease_embedding_layer",)),
+                            ("image head", ("project", "pool")), *image_tower_stages("image"))
     CACHES_FOLLOW_WEIGHTS = False  # its query cache holds the separate text encoder's outputs
     KNOWLEDGE_HINT = ("the user's copy of MedKLIP's 'observation explanation.json' (MediaBrain-SJTU/MedKLIP, "
                       "PreTrain_MedKLIP/data_file/; 75 entity descriptions) as knowledge=FILE")

@@ -251,6 +251,17 @@ class OpenCLIPModel(ZeroShotModel):
     """
 
     IMAGE_TOWER = "model.visual"
+    #: the cascade of weight randomization (``models.randomization``), for open_clip's own ViT and timm's (BiomedCLIP)
+    RANDOMIZATION_STAGES = (
+        ("text", ("model.text", "model.transformer", "model.token_embedding", "model.positional_embedding", "model.ln_final",
+                  "model.text_projection", "model.logit_scale", "model.logit_bias")),
+        ("image head", ("model.visual.proj", "model.visual.ln_post", "model.visual.attn_pool", "model.visual.head",
+                        "model.visual.trunk.norm", "model.visual.trunk.fc_norm", "model.visual.trunk.head")),
+        ("image {}", ("model.visual.transformer.resblocks.*", "model.visual.trunk.blocks.*")),
+        ("image stem", ("model.visual.conv1", "model.visual.class_embedding", "model.visual.positional_embedding",
+                        "model.visual.ln_pre", "model.visual.trunk.patch_embed", "model.visual.trunk.cls_token",
+                        "model.visual.trunk.pos_embed", "model.visual.trunk.norm_pre")),
+    )
     #: fit's default: the text projection, and the temperature where the score reads it (``softmax``, in ``__init__``)
     TRAINABLE = (r"^model\.text_projection$", r"^model\.text\.proj\.")
 

@@ -72,6 +72,7 @@ from xbench_pl.models.checkpoints import CheckpointError, build_weights, guess_l
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture, weights_in)
 from xbench_pl.models.prompts import EmbeddingCache
+from xbench_pl.models.randomization import image_tower_stages
 
 ARCHITECTURE_KEYS = ("vision", "text", "align", "similarity", "prompt", "preprocess")
 CHECKPOINT_HINT = ("the weights of the Hugging Face model Deepnoid/RadZero saved locally: its model.safetensors (the state "
@@ -156,6 +157,9 @@ class RadZero(ZeroShotModel):
     TRAINABLE = (r"^align\.", r"^norm\.", r"^log_temperature$")  # fit: the alignment layers, shared norm, temperature
     INPUT_SIZES = {518: "radzero"}
     IMAGE_TOWER = "image"
+    #: the cascade of weight randomization (``models.randomization``): the alignment layers work on top of both towers
+    RANDOMIZATION_STAGES = (("alignment", ("log_temperature", "norm", "align")), ("text", ("text",)),
+                            ("image head", ("image.layernorm",)), *image_tower_stages("image"))
     EXPLAINER_TARGET = "logits"
 
     def __init__(

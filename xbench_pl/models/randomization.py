@@ -1,0 +1,145 @@
+"""Cascading model-parameter randomization (Adebayo et al., "Sanity checks for saliency maps", NeurIPS 2018).
+
+Each family declares its cascade as data, a class attribute ``RANDOMIZATION_STAGES``: ordered ``(stage name,
+names)`` from the top (score head, decoder, text/query side) down to the image tower's blocks, last to first,
+then its stem. A name is a module or parameter path (``model.get_submodule`` / ``get_parameter``); a name ending
+in ``.*`` stands for the children of that container, one stage each, last to first, the stage name's ``{}`` filled
+with ``container.child`` (``"image {}"`` -> ``image layer4.2``). Names a model lacks are skipped, so one declaration
+serves a family's layouts (open_clip's own ViT and timm's, ResNet and ViT towers); every parameter of the model must
+fall in exactly one stage (``cascade_stages`` checks), so a layout the declaration misses fails, never half-randomizes.
+
+``randomized_copy(model, upto, seed)`` re-initialises stages 0..upto of a copy: each module by its own init
+(``reset_parameters``, or ``_reset_parameters`` for ``nn.MultiheadAttention``), and the parameters no module init
+covers (class tokens, position embeddings, projections, layer scales, temperatures) from N(0, 0.02²), the ViT/BERT
+initializer (timm's ``trunc_normal_(std=.02)``, transformers' ``initializer_range``). Stage i draws from seed
+``seed + i`` (Quantus's MPRT draws every layer from ``seed + 1``: same-shaped blocks got the same weights), so a
+stage's weights are the same in every later copy: the cascade is cumulative and repeatable.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+#: the standard deviation of the parameters no module init covers (ViT/BERT's initializer)
+INIT_STD = 0.02
+def image_tower_stages(tower: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The stages of a ``layers.image_encoders`` tower at ``tower`` (``ResNetPatches``: its bottleneck blocks of
+    layer4 .. layer1, then conv1/bn1; ``ViTPatches`` and transformers' DINOv2: its encoder layers, then its
+    embeddings), for a family's ``RANDOMIZATION_STAGES``."""
+    blocks = tuple(f"{tower}.{layer}.*" for layer in ("layer4", "layer3", "layer2", "layer1", "encoder.layer"))
+    return ("image {}", blocks), ("image stem", tuple(f"{tower}.{stem}" for stem in ("conv1", "bn1", "embeddings")))
+
+
+def exists(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        try:
+            model.get_parameter(name)
+        except AttributeError:
+            return False
+    return True
+
+
+def expanded(model: nn.Module, stage: str, names: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """One declared entry -> its stages: a starred entry one per child of each container (last to first)."""
+    starred = [name.endswith(".*") for name in names]
+    if any(starred) and not all(starred):
+        raise ValueError(f"RANDOMIZATION_STAGES entry {stage!r}: either every name ends in '.*' or none does: {names}")
+    if not any(starred):
+        present = [name for name in names if exists(model, name)]
+        return [(stage, present)] if present else []
+    stages = []
+    for name in names:
+        container = name[:-2]
+        if not exists(model, container):
+            continue
+        children = [child for child, module in model.get_submodule(container).named_children()
+                    if any(True for _ in module.parameters())]
+        label = container.rsplit(".", 1)[-1]
+        stages += [(stage.format(f"{label}.{child}"), [f"{container}.{child}"]) for child in reversed(children)]
+    return stages
+
+
+def parameter_names(model: nn.Module, name: str) -> list[str]:
+    """The parameter names under module or parameter ``name``."""
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        return [name]
+    return [f"{name}.{p}" for p, _ in module.named_parameters()]
+
+
+def cascade_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """``(stage name, module or parameter names)`` of ``model``'s cascade, top first (``RANDOMIZATION_STAGES``).
+    A model without parameters has none; a model with parameters must declare them, and its stages must cover
+    every parameter exactly once."""
+    declared = getattr(model, "RANDOMIZATION_STAGES", ())
+    parameters = [name for name, _ in model.named_parameters()]
+    if not declared:
+        if parameters:
+            raise ValueError(f"{type(model).__name__} declares no RANDOMIZATION_STAGES: its weights cannot be randomized")
+        return []
+    stages = [part for stage, names in declared for part in expanded(model, stage, tuple(names))]
+    owner: dict[str, str] = {}
+    for stage, names in stages:
+        for name in names:
+            for parameter in parameter_names(model, name):
+                if parameter in owner:
+                    raise ValueError(f"{type(model).__name__}: parameter {parameter} is in stages {owner[parameter]!r} and {stage!r}")
+                owner[parameter] = stage
+    missing = [name for name in parameters if name not in owner]
+    if missing:
+        raise ValueError(f"{type(model).__name__}'s RANDOMIZATION_STAGES leave {len(missing)} parameters out "
+                         f"(first: {', '.join(missing[:3])}): declare the modules of this layout")
+    return stages
+
+
+@torch.no_grad()
+def reinitialise(model: nn.Module, name: str) -> None:
+    """Module ``name`` re-initialised by its modules' own inits, the parameters no init covers (and parameter
+    ``name`` itself) from N(0, INIT_STD²)."""
+    try:
+        root = model.get_submodule(name)
+    except AttributeError:
+        nn.init.normal_(model.get_parameter(name), std=INIT_STD)
+        return
+    covered = set()
+    for module in root.modules():
+        reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+        if callable(reset):
+            reset()
+            covered.update(id(p) for p in module.parameters(recurse=False))
+    for parameter in root.parameters():
+        if id(parameter) not in covered:
+            nn.init.normal_(parameter, std=INIT_STD)
+
+
+def detached_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` without its metric state (a ``ZeroShotModel``'s test and validation metrics):
+    the copy only computes maps. Lightning drops the trainer from a copy itself (``LightningModule.__getstate__``)."""
+    memo = {id(getattr(model, name)): nn.ModuleDict() for name in ("benchmark", "val_benchmark")
+            if isinstance(getattr(model, name, None), nn.ModuleDict)}
+    return copy.deepcopy(model, memo)
+
+
+def randomized_copy(model: nn.Module, upto: int, seed: int) -> nn.Module:
+    """A copy of ``model`` (untouched) with cascade stages 0..``upto`` re-initialised (stage i from seed
+    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect."""
+    stages = cascade_stages(model)
+    if not 0 <= upto < len(stages):
+        raise ValueError(f"randomized_copy: upto must be in [0, {len(stages) - 1}] for {type(model).__name__}'s "
+                         f"{len(stages)} stages, got {upto}")
+    randomized = detached_copy(model)
+    devices = sorted({p.device.index or 0 for p in randomized.parameters() if p.device.type == "cuda"})
+    for index, (_, names) in enumerate(stages[:upto + 1]):
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed + index)
+            for name in names:
+                reinitialise(randomized, name)
+    if hasattr(randomized, "clear_caches"):
+        randomized.clear_caches()
+    return randomized.eval()
