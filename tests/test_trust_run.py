@@ -12,7 +12,8 @@ import torch
 from test_cli import in_process, one_and_two_processes
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.data.nih_bbox import DemoDataModule
-from xbench_pl.metrics.trust_mode import TRUST_KEYS, TrustMode, baseline_partners, value_columns
+from xbench_pl.metrics.trust import PAIRS_PER_MAP, random_pair_baseline
+from xbench_pl.metrics.trust_mode import TRUST_KEYS, TrustMode, baseline_pairs, value_columns
 from xbench_pl.models.trust_run import other_finding, sampled
 from xbench_pl.options import parse_trust
 
@@ -48,14 +49,19 @@ def test_the_sample_and_the_other_finding_depend_on_the_seed_and_the_image_only(
     assert other_finding("x", 0, 1, 0) == -1
 
 
-def test_baseline_partners_are_another_image_of_the_same_finding():
-    image = torch.tensor([1, 1, 2, 2, 3, 4])
-    cls = torch.tensor([0, 1, 0, 1, 0, 2])
-    partner = baseline_partners(image, cls, seed=0)
-    assert partner[5] == -1  # the only pair of its finding
-    for i in range(5):
-        assert cls[partner[i]] == cls[i] and image[partner[i]] != image[i]
-    assert torch.equal(partner, baseline_partners(image, cls, seed=0))
+def test_the_baseline_pairs_are_random_pair_baselines_pairs():
+    """Kept pair by pair (for its interval), the baseline's mean is trust-core's ``random_pair_baseline`` of the same
+    maps; every pair joins two images of one finding."""
+    g = torch.Generator().manual_seed(2)
+    image = torch.tensor([5, 5, 9, 9, 3, 7, 7])
+    cls = torch.tensor([0, 1, 0, 1, 0, 1, 2])
+    maps = torch.rand(7, 12, 12, generator=g)
+    first, values = baseline_pairs(maps, image, cls, seed=4)
+    assert values.numel() == PAIRS_PER_MAP * 6  # the finding seen on one image alone has no pair
+    assert float(values.mean()) == pytest.approx(random_pair_baseline(maps, image.tolist(), cls.tolist(), 4), abs=1e-12)
+    assert set(first.tolist()) <= set(range(6)) and 6 not in first.tolist()
+    again = baseline_pairs(maps, image, cls, seed=4)
+    assert torch.equal(again[0], first) and torch.equal(again[1], values)
 
 
 def trust_state(settings: dict, parts: list[tuple]) -> dict:

@@ -6,10 +6,10 @@ sorted by (image key, class) after the sync, as ``grounding.PairRecords``): per 
 the Spearman correlation with and without absolute values, then ``deletion_auc``, ``insertion_auc`` and
 ``random_target_ssim``. With randomization it also keeps each pair's trained map on the eval grid, normalised as the
 benchmark normalises (float32), for Arun et al.'s randomization baseline, computed once after the sync
-(``baseline_values``): every counted pair's map against the map of a seeded random other image of the same finding,
-so the baseline is a per-pair mean like the others and gets its bootstrap interval on the same draws. Nothing here
-runs a model; the means, intervals (``BenchmarkMetrics``' draws, ``resampling.resampled_means``) and the ``trust``
-block come from the synced records only, so 1 and N processes give the same digits.
+(``baseline_pairs``: the random pairs of ``trust.random_pair_baseline``, each kept as a row of its first map's finding
+and unit), so the baseline is a mean over pairs like the others and gets its bootstrap interval on the same draws.
+Nothing here runs a model; the means, intervals (``BenchmarkMetrics``' draws, ``resampling.resampled_means``) and the
+``trust`` block come from the synced records only, so 1 and N processes give the same digits.
 
 Memory: the trained maps are E x E float32 per measured pair (1 MiB at E = 512), gathered on every rank at the
 end; a smaller ``--data.eval_size`` or ``trust_fraction`` bounds it.
@@ -91,34 +91,29 @@ class TrustPairs(Records):
         return {name: value[order] for name, value in out.items()}
 
 
-def baseline_partners(image: torch.Tensor, cls: torch.Tensor, seed: int) -> torch.Tensor:
-    """For each pair of the sorted records, the index of a pair of the same class on another image, drawn uniformly
-    with a generator seeded by ``seed`` (class by class, in record order); -1 where the class has no other image."""
-    generator = torch.Generator().manual_seed(int(seed))
-    partner = torch.full_like(cls, -1)
-    for c in torch.unique(cls).tolist():
-        rows = (cls == c).nonzero().flatten()
-        if rows.numel() < 2:
-            continue
-        draws = torch.randint(0, rows.numel() - 1, (rows.numel(),), generator=generator)
-        draws = draws + (draws >= torch.arange(rows.numel())).long()  # skip the pair itself
-        partner[rows] = rows[draws]
-        same = image[partner[rows]] == image[rows]  # one image holds a class once: never the case, but never counted
-        partner[rows[same]] = -1
-    return partner
+#: random pairs SSIM'd at once for the baseline (float64 temporaries of E x E per pair: bounded memory at E = 512)
+BASELINE_CHUNK = 16
 
 
-def baseline_values(maps: torch.Tensor, image: torch.Tensor, cls: torch.Tensor, seed: int) -> torch.Tensor:
-    """``[P]`` float64: each pair's trained map's SSIM with its ``baseline_partners``' (NaN where it has none); their
-    mean over pairs is Arun et al.'s randomization baseline (random pairs of different images, same finding)."""
-    from xbench_pl.metrics.trust import ssim
+def baseline_pairs(maps: torch.Tensor, image: torch.Tensor, cls: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arun et al.'s random pairs of the trained maps ``[P, E, E]`` (different images, same finding), drawn as
+    ``trust.random_pair_baseline`` draws them (``trust.random_pairs``, ``PAIRS_PER_MAP`` per map, the maps grouped by
+    finding in (finding, image) order, one generator seeded ``seed``): ``(first [Q], ssim [Q] float64)``, each pair's
+    first map and its SSIM. Their mean is ``random_pair_baseline(maps, image, cls, seed)``; kept per pair, each
+    counted for its first map's finding and bootstrap unit, they give the baseline its interval."""
+    from xbench_pl.metrics.trust import PAIRS_PER_MAP, random_pairs, ssim
 
-    partner = baseline_partners(image, cls, seed)
-    values = torch.full((cls.numel(),), float("nan"), dtype=torch.float64)
-    has = partner >= 0
-    if bool(has.any()):
-        values[has] = ssim(maps[has], maps[partner[has]]).double().cpu()
-    return values
+    keys, classes = [str(k) for k in image.tolist()], [str(c) for c in cls.tolist()]
+    groups: dict[str, list[int]] = {}
+    for i in sorted(range(len(keys)), key=lambda i: (classes[i], keys[i], i)):
+        groups.setdefault(classes[i], []).append(i)
+    pairs = random_pairs(list(groups.values()), keys, PAIRS_PER_MAP, torch.Generator().manual_seed(int(seed)))
+    if not pairs:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
+    index = torch.tensor(pairs, dtype=torch.long)
+    values = torch.cat([ssim(maps[index[s:s + BASELINE_CHUNK, 0]], maps[index[s:s + BASELINE_CHUNK, 1]]).cpu()
+                        for s in range(0, len(pairs), BASELINE_CHUNK)])
+    return index[:, 0], values
 
 
 def macro(means: torch.Tensor) -> float | None:
@@ -154,36 +149,42 @@ class TrustMode(nn.Module):
         self.pairs.update(image, unit, cls, values, maps)
 
     def state(self) -> dict:
-        """The synced records (``TrustPairs.compute``) with ``key_values``/``key_defined`` ``[P, len(keys)]`` in fixed
-        point, the row keys' per-pair values (the baseline computed here), and ``stage_values``/``stage_defined``."""
+        """The synced records (``TrustPairs.compute``) and the rows of the row keys: ``key_unit``, ``key_cls`` and
+        ``key_values``/``key_defined`` ``[R, len(keys)]`` in fixed point, one row per measured pair and, with
+        randomization, one per random pair of the baseline (``baseline_pairs``: only its baseline defined); and the
+        measured pairs' ``stage_values``/``stage_defined``."""
         records = self.pairs.compute()
         values, defined = records["values"], records["defined"]
         column = {name: i for i, name in enumerate(self.columns_kept)}
-        last = len(self.stages) - 1
-        per_key = {}
-        if "randomization" in self.measures:
-            baseline = baseline_values(records["maps"], records["image"], records["cls"], self.settings["seed"])
-            per_key["randomization_baseline"] = (to_fixed(torch.nan_to_num(baseline, nan=0.0)), (~torch.isnan(baseline)).long())
-            for key, value in (("randomization_ssim", "ssim"), ("randomization_spearman", "spearman")):
-                if last >= 0:
-                    i = column[f"stage{last}_{value}"]
-                    per_key[key] = (values[:, i], defined[:, i])
-                else:  # a model without a cascade (nothing to randomize): undefined
-                    per_key[key] = (torch.zeros_like(records["cls"]), torch.zeros_like(records["cls"]))
+        p, last = records["cls"].numel(), len(self.stages) - 1
+        nothing = torch.zeros(p, dtype=torch.long)
+        per_key = {key: (nothing, nothing) for key in self.keys}
+        for key, value in (("randomization_ssim", "ssim"), ("randomization_spearman", "spearman")):
+            if key in self.keys and last >= 0:  # no stage (a model without weights): undefined
+                per_key[key] = (values[:, column[f"stage{last}_{value}"]], defined[:, column[f"stage{last}_{value}"]])
         for key in ("deletion_auc", "insertion_auc", "random_target_ssim"):
             if key in self.keys:
                 per_key[key] = (values[:, column[key]], defined[:, column[key]])
-        p = records["cls"].numel()
-        stack = lambda items, j: torch.stack([item[j] for item in items], 1) if items else torch.zeros(p, 0, dtype=torch.long)  # noqa: E731
-        ordered = [per_key[k] for k in self.keys]
-        stages = [(values[:, column[f"stage{i}_{v}"]], defined[:, column[f"stage{i}_{v}"]])
-                  for i in range(len(self.stages)) for v in STAGE_VALUES]
-        return {**records, "key_values": stack(ordered, 0), "key_defined": stack(ordered, 1),
-                "stage_values": stack(stages, 0), "stage_defined": stack(stages, 1)}
+        rows_values = torch.stack([per_key[k][0] for k in self.keys], 1) if self.keys else torch.zeros(p, 0, dtype=torch.long)
+        rows_defined = torch.stack([per_key[k][1] for k in self.keys], 1) if self.keys else torch.zeros(p, 0, dtype=torch.long)
+        unit, cls = records["unit"], records["cls"]
+        if "randomization_baseline" in self.keys:
+            first, similarity = baseline_pairs(records["maps"], records["image"], cls, self.settings["seed"])
+            extra_values = torch.zeros(first.numel(), len(self.keys), dtype=torch.long)
+            extra_defined = torch.zeros_like(extra_values)
+            b = self.keys.index("randomization_baseline")
+            extra_values[:, b] = to_fixed(torch.nan_to_num(similarity, nan=0.0))
+            extra_defined[:, b] = (~torch.isnan(similarity)).long()
+            rows_values, rows_defined = torch.cat([rows_values, extra_values]), torch.cat([rows_defined, extra_defined])
+            unit, cls = torch.cat([unit, unit[first]]), torch.cat([cls, cls[first]])
+        stage_names = [f"stage{i}_{v}" for i in range(len(self.stages)) for v in STAGE_VALUES]
+        index = torch.tensor([column[name] for name in stage_names], dtype=torch.long)
+        return {**records, "key_unit": unit, "key_cls": cls, "key_values": rows_values, "key_defined": rows_defined,
+                "stage_values": values[:, index], "stage_defined": defined[:, index]}
 
     def columns(self, state: dict) -> dict[str, torch.Tensor]:
         """``{key: [C]}`` float64 per class (NaN where no pair is defined)."""
-        means = class_means(state["cls"], state["key_values"], state["key_defined"], self.num_classes)
+        means = class_means(state["key_cls"], state["key_values"], state["key_defined"], self.num_classes)
         return {key: means[:, i] for i, key in enumerate(self.keys)}
 
     def replicates(self, state: dict, universe: torch.Tensor, weights: torch.Tensor,
@@ -191,11 +192,13 @@ class TrustMode(nn.Module):
         """Each row key's (``stages``: each stage value's, ``stage{i}_{value}``) class means per bootstrap replicate
         ``{key: [R, C]}`` on the dataset's draws (``universe``, ``weights``, as ``BenchmarkMetrics.replicates``)."""
         names = ([f"stage{i}_{v}" for i in range(len(self.stages)) for v in STAGE_VALUES] if stages else list(self.keys))
-        values, defined = (state["stage_values"], state["stage_defined"]) if stages else (state["key_values"], state["key_defined"])
+        if stages:
+            unit, cls, values, defined = state["unit"], state["cls"], state["stage_values"], state["stage_defined"]
+        else:
+            unit, cls, values, defined = state["key_unit"], state["key_cls"], state["key_values"], state["key_defined"]
         if not names:
             return {}
-        per = resampled_means(torch.searchsorted(universe, state["unit"]), state["cls"], values, defined,
-                              self.num_classes, weights)
+        per = resampled_means(torch.searchsorted(universe, unit), cls, values, defined, self.num_classes, weights)
         return {name: per[:, :, i] for i, name in enumerate(names)}
 
     def block(self, state: dict, columns: dict[str, torch.Tensor], draws: tuple | None) -> dict:

@@ -10,8 +10,9 @@ For every counted (image, finding) pair with a region (every finding of every co
   values (Adebayo et al.; a per-map min-max normalisation would not change the ranks, the absolute values would);
 * ``deletion`` / ``insertion``: the area under the curve of the finding's target (the model's logit where it gives
   one, else its score: ``explainer_forward``) as the most relevant pixels of its map (upsampled to the model input)
-  are replaced by the baseline in ``trust_steps`` steps, or inserted into it (``metrics.trust.perturbation_curve``;
-  the perturbed inputs batched, the text embeddings the model's cached ones);
+  are replaced by the baseline in ``trust_steps`` steps, or inserted into it (``metrics.trust.perturbation_curve``:
+  each pair's K + 1 perturbed inputs in one batch, never mixed with other pairs', so a curve does not depend on the
+  batch; the text embeddings the model's cached ones);
 * ``random_target``: SSIM of the finding's normalised map with that of another finding of the same image, chosen by
   a seeded hash of (seed, image id, finding).
 
@@ -185,8 +186,8 @@ class TrustRun:
                 "maps": maps if "randomization" in self.measures else None}
 
     def perturbation_aucs(self, model, batch, output, sample: torch.Tensor, cls: torch.Tensor, insertion: bool) -> torch.Tensor:
-        """``[P]`` float64: each pair's deletion (insertion) AUC of its finding's target, the pairs of one text list
-        and finding perturbed in one batched call (``trust.perturbation_curve``)."""
+        """``[P]`` float64: each pair's deletion (insertion) AUC of its finding's target (``trust.perturbation_curve``),
+        the pairs of one text list and finding in one call."""
         from xbench_pl.metrics import trust
 
         texts, size = self.texts(batch), batch.images.shape[-1]
