@@ -14,6 +14,7 @@ from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics.trust import PAIRS_PER_MAP, random_pair_baseline
 from xbench_pl.metrics.trust_mode import TRUST_KEYS, TrustMode, baseline_pairs, value_columns
+from xbench_pl.models.base import TRUST_ARGS
 from xbench_pl.models.trust_run import other_finding, sampled
 from xbench_pl.options import parse_trust
 
@@ -37,6 +38,10 @@ def test_the_measures_are_parsed_in_order_and_an_unknown_one_is_refused():
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--model.trust" in errors[0] and "randomisation" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    reader = in_process("test", "--model", "reader", "--model.random_init", "true", "--model.trust", "deletion", "--data", "demo")
+    assert reader.returncode == 2 and "trust" in reader.stderr and "Traceback" not in reader.stderr, reader.stderr[-2000:]
+    shown = in_process("test", "--model.help", "center")
+    assert shown.returncode == 0 and all(f"--model.{name}" in shown.stdout for name in TRUST_ARGS), shown.stdout[-2000:]
 
 
 def test_the_sample_and_the_other_finding_depend_on_the_seed_and_the_image_only():
