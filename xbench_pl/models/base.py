@@ -325,6 +325,10 @@ class ZeroShotModel(L.LightningModule):
                                                 negatives=self.negatives, groups=self.groups, trust=trust).to(self.device)
 
     def on_test_start(self) -> None:
+        # a resumed store's images are replayed from their maps, without the model: they would go unmeasured
+        if self.trust_run is not None and any(getattr(callback, "resumed", None) for callback in self.trainer.callbacks):
+            raise ValueError("--model.trust measures the model itself, which a run resumed from a prediction store does not "
+                             "run on the stored images: use an empty --predictions folder")
         self.benchmark = nn.ModuleDict()
         self.region_datasets = {}
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -435,6 +439,8 @@ class ZeroShotModel(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
+        if self.trust_run is not None:
+            self.trust_run.copies = []  # the randomized copies are for this run's batches only
         self.curves = {name: metrics.curves for name, metrics in self.benchmark.items()}  # for plots (callbacks)
         # straight to the loggers (W&B, CSV, ...), from rank zero, in float64: these numbers are already
         # synced, so Lightning's self.log (which would cast to float32 and ask for sync_dist) is not used
