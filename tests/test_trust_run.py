@@ -151,3 +151,16 @@ def test_an_input_only_map_fails_randomization_and_a_gradient_map_passes(tmp_pat
     assert gradcam["trust"]["passes_randomization"] is True
     assert gradcam["mean"]["randomization_ssim"] < gradcam["mean"]["randomization_baseline"]
     assert not math.isclose(gradcam["mean"]["randomization_ssim"], 1.0)
+
+
+def test_a_run_resumed_from_a_store_refuses_the_trust_measures(tmp_path):
+    """The stored images are replayed without the model: they cannot be measured, so the run stops in one line."""
+    common = ["test", "--model", "location_prior", "--data", "demo", "--data.split_file", demo_split(tmp_path, 2),
+              "--data.eval_size", "32", "--model.bootstrap", "0", "--model.trust", "deletion", "--model.trust_steps", "2",
+              "--predictions", str(tmp_path / "store"), *CPU]
+    first = in_process(*common, "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = in_process(*common, "--resume", "true", "--out", str(tmp_path / "second"))
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--model.trust" in errors[0] and "--predictions" in errors[0], resumed.stderr[-2000:]
