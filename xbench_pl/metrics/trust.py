@@ -10,7 +10,7 @@
   deletion), the most relevant pixels first, K steps, replaced by a stated baseline (``blurred_baseline``,
   ``mean_baseline``).
 - ``random_pair_baseline``: Arun et al.'s randomization baseline, the mean SSIM of random pairs of the trained
-  model's maps of different images (same finding).
+  model's maps of different images (same finding); ``passes_randomization``: below it after the last stage.
 
 NaN where a value is undefined (a constant map's rank correlation, a map smaller than the SSIM window, no pair).
 docs/trust.md states the definitions and where they differ from the references.
@@ -101,11 +101,11 @@ def perturbation_curve(target_fn: Callable[[torch.Tensor], torch.Tensor], images
                        steps: int, baseline: torch.Tensor, insertion: bool, batch_size: int | None = None) -> torch.Tensor:
     """The target along deletion or insertion ``[N, steps + 1]`` (float64).
 
-    images ``[N, 3, S, S]`` (model input), maps ``[N, S, S]`` on the model-input grid, baseline ``[N, 3, S, S]``
+    images ``[N, C, S, S]`` (model input), maps ``[N, S, S]`` on the model-input grid, baseline ``[N, C, S, S]``
     (the replacement pixels). Point k (k = 0 .. steps) perturbs the ``floor(k * S² / steps)`` most relevant
     pixels (all channels; ties in pixel order): deletion replaces them by the baseline's (point 0 is the image,
     point ``steps`` the baseline), insertion starts from the baseline and puts the image's back (point 0 is the
-    baseline). ``target_fn(images [M, 3, S, S]) -> [M]`` is the finding's logit or score; it gets the perturbed
+    baseline). ``target_fn(images [M, C, S, S]) -> [M]`` is the finding's logit or score; it gets the perturbed
     inputs ``batch_size`` at a time in (sample, step) order (default ``steps + 1``: one sample's curve per call,
     so a curve does not depend on the other samples of the batch)."""
     n, _, height, width = images.shape
@@ -180,19 +180,23 @@ def mean_baseline(images: torch.Tensor, mean: float | Sequence[float] | torch.Te
     return value.view(1, -1, 1, 1).expand_as(images).clone()
 
 
-def random_pairs(groups: list[list[int]], keys: list, per_item: int, generator: torch.Generator) -> list[tuple[int, int]]:
-    """``per_item`` pairs per item of each group, drawn uniformly among the group's pairs of items with different
-    ``keys`` (as Arun et al.: for each map, ``per_item`` random pairs); none for a group with a single key."""
+def random_pairs(groups: list[list[int]], keys: list, per_item: int, generator: torch.Generator) -> torch.Tensor:
+    """``[M, 2]``: ``per_item`` pairs per item of each group, drawn uniformly among the group's pairs of items with
+    different ``keys`` (as Arun et al.: for each map, ``per_item`` random pairs); none for a group with a single key."""
+    codes = {key: code for code, key in enumerate(dict.fromkeys(keys))}
     pairs = []
     for members in groups:
-        if len({keys[i] for i in members}) < 2:
+        member_keys = torch.tensor([codes[keys[i]] for i in members])
+        if member_keys.unique().numel() < 2:
             continue
-        wanted, found = per_item * len(members), []
-        while len(found) < wanted:
-            draw = torch.randint(len(members), (2 * wanted, 2), generator=generator).tolist()
-            found += [(members[a], members[b]) for a, b in draw if keys[members[a]] != keys[members[b]]]
-        pairs += found[:wanted]
-    return pairs
+        wanted, found, count = per_item * len(members), [], 0
+        while count < wanted:
+            draw = torch.randint(len(members), (2 * wanted, 2), generator=generator)
+            draw = draw[member_keys[draw[:, 0]] != member_keys[draw[:, 1]]]
+            found.append(draw)
+            count += len(draw)
+        pairs.append(torch.tensor(members)[torch.cat(found)[:wanted]])
+    return torch.cat(pairs) if pairs else torch.zeros(0, 2, dtype=torch.long)
 
 
 def random_pair_baseline(maps: torch.Tensor, image_ids: Sequence, finding_ids: Sequence, seed: int,
@@ -208,10 +212,17 @@ def random_pair_baseline(maps: torch.Tensor, image_ids: Sequence, finding_ids: S
     for i in order:
         groups.setdefault(str(finding_ids[i]), []).append(i)
     images = [str(i) for i in image_ids]
-    pairs = random_pairs(list(groups.values()), images, pairs_per_map, torch.Generator().manual_seed(seed))
-    if not pairs:
+    pairs = random_pairs(list(groups.values()), images, pairs_per_map, torch.Generator().manual_seed(seed)).to(maps.device)
+    if not len(pairs):
         return math.nan
-    index = torch.tensor(pairs, device=maps.device)
-    total = sum(float(ssim(maps[index[s:s + batch_size, 0]], maps[index[s:s + batch_size, 1]]).sum())
+    total = sum(float(ssim(maps[pairs[s:s + batch_size, 0]], maps[pairs[s:s + batch_size, 1]]).sum())
                 for s in range(0, len(pairs), batch_size))
     return total / len(pairs)
+
+
+def passes_randomization(last_stage_similarity: float, baseline: float) -> bool | None:
+    """Whether a map passes the randomization test (Arun et al.): its mean similarity to the trained model's map after
+    the last stage falls below the random-pair baseline. None where either is undefined (NaN)."""
+    if math.isnan(last_stage_similarity) or math.isnan(baseline):
+        return None
+    return last_stage_similarity < baseline

@@ -107,12 +107,11 @@ def baseline_pairs(maps: torch.Tensor, image: torch.Tensor, cls: torch.Tensor, s
     groups: dict[str, list[int]] = {}
     for i in sorted(range(len(keys)), key=lambda i: (classes[i], keys[i], i)):
         groups.setdefault(classes[i], []).append(i)
-    pairs = random_pairs(list(groups.values()), keys, PAIRS_PER_MAP, torch.Generator().manual_seed(int(seed)))
-    if not pairs:
+    index = random_pairs(list(groups.values()), keys, PAIRS_PER_MAP, torch.Generator().manual_seed(int(seed)))
+    if not len(index):
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
-    index = torch.tensor(pairs, dtype=torch.long)
     values = torch.cat([ssim(maps[index[s:s + BASELINE_CHUNK, 0]], maps[index[s:s + BASELINE_CHUNK, 1]]).cpu()
-                        for s in range(0, len(pairs), BASELINE_CHUNK)])
+                        for s in range(0, len(index), BASELINE_CHUNK)])
     return index[:, 0], values
 
 
@@ -222,8 +221,10 @@ class TrustMode(nn.Module):
             stages.append(entry)
         passes = None
         if "randomization" in self.measures:
-            last, baseline = macro(columns["randomization_ssim"]), macro(columns["randomization_baseline"])
-            passes = None if last is None or baseline is None else bool(last < baseline)
+            from xbench_pl.metrics.trust import passes_randomization
+
+            last, baseline = (macro(columns[key]) for key in ("randomization_ssim", "randomization_baseline"))
+            passes = passes_randomization(math.nan if last is None else last, math.nan if baseline is None else baseline)
         settings = {**self.settings, "pairs_measured": int(state["cls"].numel()),
                     "images_measured": int(torch.unique(state["image"]).numel())}
         return {"stages": stages, "settings": settings, "passes_randomization": passes}

@@ -8,7 +8,8 @@ with ``container.child`` (``"image {}"`` -> ``image layer4.2``). Names a model l
 serves a family's layouts (open_clip's own ViT and timm's, ResNet and ViT towers); every parameter of the model must
 fall in exactly one stage (``cascade_stages`` checks), so a layout the declaration misses fails, never half-randomizes.
 
-``randomized_copy(model, upto, seed)`` re-initialises stages 0..upto of a copy: each module by its own init
+``randomized_copy(model, upto, seed)`` re-initialises stages 0..upto of a copy (``cascade(model, seed)`` yields every
+stage in turn on one copy, the cheaper way through them all): each module by its own init
 (``reset_parameters``, or ``_reset_parameters`` for ``nn.MultiheadAttention``), and the parameters no module init
 covers (class tokens, position embeddings, projections, layer scales, temperatures) from N(0, 0.02²), the ViT/BERT
 initializer (timm's ``trunc_normal_(std=.02)``, transformers' ``initializer_range``). Stage i draws from seed
@@ -19,6 +20,8 @@ stage's weights are the same in every later copy: the cascade is cumulative and 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from itertools import islice
 
 import torch
 from torch import nn
@@ -89,7 +92,8 @@ def cascade_stages(model: nn.Module) -> list[tuple[str, list[str]]]:
         for name in names:
             for parameter in parameter_names(model, name):
                 if parameter in owner:
-                    raise ValueError(f"{type(model).__name__}: parameter {parameter} is in stages {owner[parameter]!r} and {stage!r}")
+                    raise ValueError(f"{type(model).__name__}: parameter {parameter} is in stages "
+                                     f"{owner[parameter]!r} and {stage!r}")
                 owner[parameter] = stage
     missing = [name for name in parameters if name not in owner]
     if missing:
@@ -120,26 +124,44 @@ def reinitialise(model: nn.Module, name: str) -> None:
 
 def detached_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` without its metric state (a ``ZeroShotModel``'s test and validation metrics):
-    the copy only computes maps. Lightning drops the trainer from a copy itself (``LightningModule.__getstate__``)."""
+    the copy only computes maps. Lightning drops the trainer from a copy itself (``LightningModule.__getstate__``).
+    Made outside inference mode (Lightning tests in it), so explainers can take gradients through the copy."""
     memo = {id(getattr(model, name)): nn.ModuleDict() for name in ("benchmark", "val_benchmark")
             if isinstance(getattr(model, name, None), nn.ModuleDict)}
-    return copy.deepcopy(model, memo)
+    with torch.inference_mode(False):
+        return copy.deepcopy(model, memo)
+
+
+def randomize_stage(model: nn.Module, index: int, names: list[str], seed: int) -> None:
+    """Stage ``index`` (``names``) of ``model`` re-initialised in place from seed ``seed + index``, the caller's random
+    stream untouched; cached text/query embeddings cleared where they follow the weights (``CACHES_FOLLOW_WEIGHTS``:
+    MedKLIP's come from a text encoder outside the model and stay)."""
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.inference_mode(False), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed + index)
+        for name in names:
+            reinitialise(model, name)
+    if getattr(model, "CACHES_FOLLOW_WEIGHTS", False):
+        model.clear_caches()
+
+
+def cascade(model: nn.Module, seed: int) -> Iterator[tuple[str, nn.Module]]:
+    """The cascade on one copy of ``model`` (untouched): yields ``(stage name, copy)`` after each stage, the same copy
+    randomized one stage further each time (in eval mode), equal to ``randomized_copy(model, i, seed)`` at stage i.
+    One copy for the whole cascade: what a pass over every stage should use."""
+    stages = cascade_stages(model)
+    randomized = detached_copy(model).eval()
+    for index, (stage, names) in enumerate(stages):
+        randomize_stage(randomized, index, names, seed)
+        yield stage, randomized
 
 
 def randomized_copy(model: nn.Module, upto: int, seed: int) -> nn.Module:
     """A copy of ``model`` (untouched) with cascade stages 0..``upto`` re-initialised (stage i from seed
-    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect."""
-    stages = cascade_stages(model)
-    if not 0 <= upto < len(stages):
-        raise ValueError(f"randomized_copy: upto must be in [0, {len(stages) - 1}] for {type(model).__name__}'s "
-                         f"{len(stages)} stages, got {upto}")
-    randomized = detached_copy(model)
-    devices = sorted({p.device.index or 0 for p in randomized.parameters() if p.device.type == "cuda"})
-    for index, (_, names) in enumerate(stages[:upto + 1]):
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed + index)
-            for name in names:
-                reinitialise(randomized, name)
-    if hasattr(randomized, "clear_caches"):
-        randomized.clear_caches()
-    return randomized.eval()
+    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect
+    (those of a model whose caches do not follow its weights, ``CACHES_FOLLOW_WEIGHTS``, are kept)."""
+    count = len(cascade_stages(model))
+    if not 0 <= upto < count:
+        raise ValueError(f"randomized_copy: upto must be in [0, {count - 1}] for {type(model).__name__}'s "
+                         f"{count} stages, got {upto}")
+    return next(islice(cascade(model, seed), upto, None))[1]

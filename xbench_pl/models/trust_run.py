@@ -23,6 +23,7 @@ measure the same pairs.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from contextlib import nullcontext
 
@@ -104,13 +105,18 @@ class TrustRun:
                 "sample": {"fraction": self.fraction, "rule": "blake2b(f'{seed}:{image_id}') / 2**64 < fraction"}}
 
     def randomized(self, model) -> list:
-        """The randomized copies, one per measured stage, made once (outside inference mode: the explainers take
-        their gradients)."""
-        if not self.copies and self.measured_stages(model):
-            from xbench_pl.models.randomization import randomized_copy
+        """The randomized copies, one per measured stage, made once per run (``randomization.cascade``: stage k's
+        copy equals ``randomized_copy(model, k, seed)``), outside inference mode (the explainers take gradients)."""
+        measured = [index for _, index in self.measured_stages(model)]
+        if not self.copies and measured:
+            from xbench_pl.models.randomization import cascade
 
-            with torch.inference_mode(False):
-                self.copies = [randomized_copy(model, upto=index, seed=self.seed) for _, index in self.measured_stages(model)]
+            with torch.inference_mode(False):  # one walk down the cascade; a snapshot kept at each measured stage
+                for index, (_, randomized) in enumerate(cascade(model, self.seed)):
+                    if index in measured:
+                        self.copies.append(randomized if index == measured[-1] else copy.deepcopy(randomized))
+                    if index == measured[-1]:
+                        break
         return self.copies
 
     # -- one batch --------------------------------------------------------------------------
@@ -162,8 +168,8 @@ class TrustRun:
         with no_autocast(device):
             raw = self.eval_maps(output.saliency, batch, sample, cls).float()
             maps = normalize_saliency(raw, normalize)
-        for i, copy in enumerate(self.randomized(model)):
-            randomized = copy.batch_output(batch).promoted()
+        for i, randomized_model in enumerate(self.randomized(model)):
+            randomized = randomized_model.batch_output(batch).promoted()
             with no_autocast(device):
                 other = self.eval_maps(randomized.saliency, batch, sample, cls).float()
                 values[:, columns[f"stage{i}_ssim"]] = trust.ssim(maps, normalize_saliency(other, normalize)).double().cpu()
