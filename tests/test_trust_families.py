@@ -21,7 +21,7 @@ def options(args: list[str]) -> tuple[str, dict]:
     return pairs.pop("--model"), {key.removeprefix("--model."): value for key, value in pairs.items()}
 
 
-def tested(model, tmp_path) -> dict:
+def run_on_demo(model, tmp_path) -> dict:
     data = xbench_pl.create_datamodule("demo", split_file=demo_split(tmp_path, 2), eval_size=32, batch_size=2)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.test(model, datamodule=data, verbose=False)
@@ -37,12 +37,14 @@ def test_every_vlm_runs_randomization_and_deletion(family, explainer, builders, 
         model = xbench_pl.create_model(name, explainer=explainer, trust_stages=stages, **kwargs, **TRUST)
     else:
         model = builders(family, explainer=explainer, trust_stages=stages, **TRUST)
-    table = tested(model, tmp_path)
+    table = run_on_demo(model, tmp_path)
     trust = table["trust"]
     assert trust["settings"]["measures"] == ["randomization", "deletion"]
     assert len(trust["stages"]) >= 2 if stages == "all" else len(trust["stages"]) == 1, trust["stages"]
     assert all(stage["ssim"] is not None for stage in trust["stages"]), trust["stages"]
-    for key in ("randomization_ssim", "randomization_spearman", "randomization_baseline", "deletion_auc"):
+    # Spearman may be undefined: a fully randomized model's Grad-CAM can be all zeros after its ReLU (KAD's: a constant map)
+    for key in ("randomization_ssim", "randomization_baseline", "deletion_auc"):
         assert table["mean"][key] is not None, key
+    assert "randomization_spearman" in table["mean"]
     assert "insertion_auc" not in table["mean"] and "random_target_ssim" not in table["mean"]
     assert trust["settings"]["pairs_measured"] == table["mean"]["n_regions"] > 0
