@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import biovil_reference
+import xbench_pl
 import radzero_reference
 from fixture_models import LinearIntensityModel
 from test_explainers_families import FAMILIES, builders  # noqa: F401  (builders: the tiny models' fixture)
@@ -20,7 +21,8 @@ from xbench_pl.metrics.trust import passes_randomization, random_pair_baseline, 
 from xbench_pl.models.baselines import UniformBaseline
 from xbench_pl.models.biovil import BioViL
 from xbench_pl.models.radzero import RadZero
-from xbench_pl.models.randomization import INIT_STD, cascade, cascade_stages, parameter_names, randomized_copy
+from xbench_pl.models.randomization import (INIT_STD, cascade, cascade_stages, detached_copy, parameter_names,
+                                           randomized_copy)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*RANDOM weights:UserWarning")
 
@@ -162,6 +164,31 @@ def test_a_copy_made_in_inference_mode_can_be_explained_with_gradients(build):
         maps = randomized.explained(images, CLASSES).saliency
     assert not any(torch.is_inference(p) for p in randomized.parameters())
     assert torch.isfinite(maps).all() and maps.shape[:2] == (1, len(CLASSES))
+
+
+def test_a_copy_leaves_the_evaluation_state_behind():
+    model = LinearIntensityModel()
+    model.add_dataset("demo", CLASSES)
+    model.results, model.region_datasets = {"demo": {"mean": {}}}, {"demo": object()}
+    copy = detached_copy(model)
+    assert len(copy.benchmark) == 0 and copy.results == {} and copy.region_datasets == {}
+    assert "demo" in model.benchmark and model.results and model.region_datasets  # the original keeps its own
+    assert torch.equal(copy.mix.weight, model.mix.weight) and copy.mix.weight is not model.mix.weight
+
+
+#: the number of stages of every registered model at full size (the table in docs/trust.md); 0: nothing to randomize
+FULL_SIZE_STAGES = {"clip": 15, "chexzero": 15, "biomedclip": 15, "open_clip": 15, "biovil": 19, "biovil_t": 19, "medklip": 17,
+                    "mavl": 17, "mavl_46": 17, "kad": 20, "kad_224": 17, "kad_512": 20, "kad_1024": 20, "devide": 16,
+                    "carzero": 16, "radzero": 16, "uniform": 0, "center": 0, "location_prior": 0, "reader": 0}
+
+
+def test_every_registered_model_at_full_size_declares_a_cascade_covering_its_weights():
+    """The shipped architectures, built on the meta device (no memory, no files): every parameter in one stage."""
+    assert sorted(FULL_SIZE_STAGES) == sorted(xbench_pl.registry.available("models"))
+    for name, count in FULL_SIZE_STAGES.items():
+        with torch.device("meta"):
+            model = xbench_pl.create_model(name, random_init=True)
+        assert len(cascade_stages(model)) == count, name  # cascade_stages raises where a parameter is left out
 
 
 def test_a_module_without_its_own_init_gets_the_stated_normal():

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from xbench_pl.metrics.trust import (SSIM_DATA_RANGE, blurred_baseline, curve_auc, mean_baseline, perturbation_curve,
-                                     random_pair_baseline, spearman, ssim)
+                                     random_pair_baseline, random_pair_indices, spearman, ssim)
 from xbench_pl.models.randomization import randomized_copy
 
 quantus = pytest.importorskip("quantus")
@@ -288,6 +288,10 @@ def test_random_pair_baseline_is_arun_et_als_mean_and_ignores_input_order():
     images = [f"img{i // 2}" for i in range(12)]
     findings = ["x", "y"] * 6
     value = random_pair_baseline(maps, images, findings, seed=3)
+    pairs = random_pair_indices(images, findings, seed=3)
+    assert pairs.shape == (12 * 50, 2)  # 50 per map (Arun et al.'s count)
+    assert all(findings[i] == findings[j] and images[i] != images[j] for i, j in pairs.tolist())
+    assert value == pytest.approx(float(ssim(maps[pairs[:, 0]], maps[pairs[:, 1]]).mean()), abs=1e-12)
     order = torch.randperm(12, generator=generator).tolist()
     assert random_pair_baseline(maps[order], [images[i] for i in order], [findings[i] for i in order], seed=3) == value
     assert random_pair_baseline(maps, images, findings, seed=4) != value

@@ -10,7 +10,8 @@
   deletion), the most relevant pixels first, K steps, replaced by a stated baseline (``blurred_baseline``,
   ``mean_baseline``).
 - ``random_pair_baseline``: Arun et al.'s randomization baseline, the mean SSIM of random pairs of the trained
-  model's maps of different images (same finding); ``passes_randomization``: below it after the last stage.
+  model's maps of different images (same finding), over the pairs ``random_pair_indices`` draws;
+  ``passes_randomization``: below it after the last stage.
 
 NaN where a value is undefined (a constant map's rank correlation, a map smaller than the SSIM window, no pair).
 docs/trust.md states the definitions and where they differ from the references.
@@ -115,7 +116,7 @@ def perturbation_curve(target_fn: Callable[[torch.Tensor], torch.Tensor], images
     if steps < 1:
         raise ValueError(f"perturbation_curve needs steps >= 1, got {steps}")
     pixels = height * width
-    place = removal_ranks(maps).view(n, 1, height, width)
+    place = removal_ranks(maps).to(images.device).view(n, 1, height, width)
     removed = torch.arange(steps + 1, device=images.device) * pixels // steps  # pixels perturbed at each point
     first, second = (baseline, images) if insertion else (images, baseline)
     chunk = batch_size or steps + 1
@@ -199,20 +200,28 @@ def random_pairs(groups: list[list[int]], keys: list, per_item: int, generator: 
     return torch.cat(pairs) if pairs else torch.zeros(0, 2, dtype=torch.long)
 
 
-def random_pair_baseline(maps: torch.Tensor, image_ids: Sequence, finding_ids: Sequence, seed: int,
-                         pairs_per_map: int = PAIRS_PER_MAP, batch_size: int = 256) -> float:
-    """Arun et al.'s randomization baseline: the mean SSIM of random pairs of the trained model's maps ``[K, H, W]``
-    (normalised as the benchmark normalises) of different images and the same finding. For each map,
-    ``pairs_per_map`` pairs drawn uniformly among the finding's pairs of maps of different images (``seed``; the maps
-    are put in (finding, image) order first, so the pairs do not depend on the order they come in); NaN without pairs."""
-    if not len(maps) == len(image_ids) == len(finding_ids):
-        raise ValueError(f"random_pair_baseline: {len(maps)} maps, {len(image_ids)} image ids, {len(finding_ids)} finding ids")
-    order = sorted(range(len(maps)), key=lambda i: (str(finding_ids[i]), str(image_ids[i]), i))
+def random_pair_indices(image_ids: Sequence, finding_ids: Sequence, seed: int,
+                        pairs_per_map: int = PAIRS_PER_MAP) -> torch.Tensor:
+    """``[M, 2]``: the pairs of maps (indices into ``image_ids``/``finding_ids``) that ``random_pair_baseline`` averages:
+    for each map, ``pairs_per_map`` pairs drawn uniformly (``seed``) among its finding's pairs of maps of different
+    images, the maps first put in (finding, image) order, so the pairs do not depend on the order they come in."""
+    if len(image_ids) != len(finding_ids):
+        raise ValueError(f"random pairs: {len(image_ids)} image ids, {len(finding_ids)} finding ids")
+    images, findings = [str(i) for i in image_ids], [str(f) for f in finding_ids]
     groups: dict[str, list[int]] = {}
-    for i in order:
-        groups.setdefault(str(finding_ids[i]), []).append(i)
-    images = [str(i) for i in image_ids]
-    pairs = random_pairs(list(groups.values()), images, pairs_per_map, torch.Generator().manual_seed(seed)).to(maps.device)
+    for i in sorted(range(len(images)), key=lambda i: (findings[i], images[i], i)):
+        groups.setdefault(findings[i], []).append(i)
+    return random_pairs(list(groups.values()), images, pairs_per_map, torch.Generator().manual_seed(seed))
+
+
+def random_pair_baseline(maps: torch.Tensor, image_ids: Sequence, finding_ids: Sequence, seed: int,
+                         pairs_per_map: int = PAIRS_PER_MAP, batch_size: int = 16) -> float:
+    """Arun et al.'s randomization baseline: the mean SSIM of random pairs of the trained model's maps ``[K, H, W]``
+    (normalised as the benchmark normalises) of different images and the same finding (``random_pair_indices``);
+    NaN without pairs. ``batch_size`` pairs at a time (SSIM holds a few float64 copies of each)."""
+    if len(maps) != len(image_ids):
+        raise ValueError(f"random_pair_baseline: {len(maps)} maps, {len(image_ids)} image ids")
+    pairs = random_pair_indices(image_ids, finding_ids, seed, pairs_per_map).to(maps.device)
     if not len(pairs):
         return math.nan
     total = sum(float(ssim(maps[pairs[s:s + batch_size, 0]], maps[pairs[s:s + batch_size, 1]]).sum())

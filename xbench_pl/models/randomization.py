@@ -28,6 +28,8 @@ from torch import nn
 
 #: the standard deviation of the parameters no module init covers (ViT/BERT's initializer)
 INIT_STD = 0.02
+
+
 def image_tower_stages(tower: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The stages of a ``layers.image_encoders`` tower at ``tower`` (``ResNetPatches``: its bottleneck blocks of
     layer4 .. layer1, then conv1/bn1; ``ViTPatches`` and transformers' DINOv2: its encoder layers, then its
@@ -37,6 +39,7 @@ def image_tower_stages(tower: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def exists(model: nn.Module, name: str) -> bool:
+    """Whether ``name`` is a module or a parameter of ``model``."""
     try:
         model.get_submodule(name)
     except AttributeError:
@@ -122,12 +125,16 @@ def reinitialise(model: nn.Module, name: str) -> None:
             nn.init.normal_(parameter, std=INIT_STD)
 
 
+#: a ``ZeroShotModel``'s evaluation state (metrics, their results, the datasets whose regions cxl mode reads): a copy
+#: that only computes maps starts these empty
+EVALUATION_STATE = ("benchmark", "val_benchmark", "results", "val_results", "curves", "region_datasets", "val_region_datasets")
+
+
 def detached_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` without its metric state (a ``ZeroShotModel``'s test and validation metrics):
-    the copy only computes maps. Lightning drops the trainer from a copy itself (``LightningModule.__getstate__``).
-    Made outside inference mode (Lightning tests in it), so explainers can take gradients through the copy."""
-    memo = {id(getattr(model, name)): nn.ModuleDict() for name in ("benchmark", "val_benchmark")
-            if isinstance(getattr(model, name, None), nn.ModuleDict)}
+    """A deep copy of ``model`` with its evaluation state empty (``EVALUATION_STATE``): the copy only computes maps.
+    Lightning drops the trainer from a copy itself (``LightningModule.__getstate__``). Made outside inference mode
+    (Lightning tests in it), so explainers can take gradients through the copy."""
+    memo = {id(state): type(state)() for name in EVALUATION_STATE if (state := getattr(model, name, None)) is not None}
     with torch.inference_mode(False):
         return copy.deepcopy(model, memo)
 
