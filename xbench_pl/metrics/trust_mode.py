@@ -96,18 +96,13 @@ BASELINE_CHUNK = 16
 
 
 def baseline_pairs(maps: torch.Tensor, image: torch.Tensor, cls: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Arun et al.'s random pairs of the trained maps ``[P, E, E]`` (different images, same finding), drawn as
-    ``trust.random_pair_baseline`` draws them (``trust.random_pairs``, ``PAIRS_PER_MAP`` per map, the maps grouped by
-    finding in (finding, image) order, one generator seeded ``seed``): ``(first [Q], ssim [Q] float64)``, each pair's
-    first map and its SSIM. Their mean is ``random_pair_baseline(maps, image, cls, seed)``; kept per pair, each
+    """Arun et al.'s random pairs of the trained maps ``[P, E, E]`` (different images, same finding), exactly those
+    ``trust.random_pair_baseline`` averages (``trust.random_pair_indices``): ``(first [Q], ssim [Q] float64)``, each
+    pair's first map and its SSIM. Their mean is ``random_pair_baseline(maps, image, cls, seed)``; kept per pair, each
     counted for its first map's finding and bootstrap unit, they give the baseline its interval."""
-    from xbench_pl.metrics.trust import PAIRS_PER_MAP, random_pairs, ssim
+    from xbench_pl.metrics.trust import random_pair_indices, ssim
 
-    keys, classes = [str(k) for k in image.tolist()], [str(c) for c in cls.tolist()]
-    groups: dict[str, list[int]] = {}
-    for i in sorted(range(len(keys)), key=lambda i: (classes[i], keys[i], i)):
-        groups.setdefault(classes[i], []).append(i)
-    index = random_pairs(list(groups.values()), keys, PAIRS_PER_MAP, torch.Generator().manual_seed(int(seed)))
+    index = random_pair_indices(image.tolist(), cls.tolist(), int(seed))
     if not len(index):
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
     values = torch.cat([ssim(maps[index[s:s + BASELINE_CHUNK, 0]], maps[index[s:s + BASELINE_CHUNK, 1]]).cpu()
