@@ -40,7 +40,6 @@ class LinearIntensityModel(IntensityModel):
     under autocast (``--trainer.precision bf16-mixed``/``16-mixed``) its scores and maps come out in bf16/fp16."""
 
     TRAINABLE = (r"^mix\.",)
-    RANDOMIZATION_STAGES = (("mix", ("mix",)),)  # the trust tests' cascade (models.randomization)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -1,8 +1,10 @@
-"""A map computed from the input alone, for the trust tests: the Sobel edges of the image, whatever the weights."""
+"""Models for the trust tests: one whose map is computed from the input alone (the Sobel edges of the image, whatever
+the weights), and a batch-independent one with its cascade declared."""
 
 import torch
 import torch.nn.functional as F
 
+from fixture_models import LinearIntensityModel
 from xbench_pl.models.base import ZeroShotOutput
 from xbench_pl.models.open_clip_model import OpenCLIPModel
 
@@ -25,3 +27,10 @@ class EdgeExplainedCLIP(OpenCLIPModel):
         output = self.zero_shot(images, classes)
         saliency = edges(images, tuple(output.saliency.shape[-2:])).expand_as(output.saliency).contiguous()
         return ZeroShotOutput(scores=output.scores, saliency=saliency, logits=output.logits)
+
+
+class TrustedLinearIntensityModel(LinearIntensityModel):
+    """``LinearIntensityModel`` with its cascade declared (its one linear map), for the trust runs: its outputs do not
+    depend on the batch, so 1 and 2 DDP processes must agree byte for byte."""
+
+    RANDOMIZATION_STAGES = (("mix", ("mix",)),)

@@ -111,7 +111,7 @@ def test_the_state_gives_the_same_digits_however_the_pairs_are_split():
 
 
 def test_one_and_two_ddp_processes_give_identical_metrics_with_every_measure(tmp_path):
-    args = ["test", "--model", "fixture_models.LinearIntensityModel", "--model.trust",
+    args = ["test", "--model", "fixture_trust.TrustedLinearIntensityModel", "--model.trust",
             "randomization,deletion,insertion,random_target", "--model.trust_steps", "3", "--model.bootstrap", "50",
             "--data", "demo", "--data.split_file", demo_split(tmp_path, 5), "--data.eval_size", "48",
             "--data.batch_size", "2", *CPU]

@@ -99,7 +99,7 @@ def console_columns(row: dict, columns: list[str] | str | None = None) -> list[s
 
 def default_columns(datasets, rows=()) -> list[str]:
     """``DEFAULT_COLUMNS`` with the ``DATASET_COLUMNS`` of the ``datasets`` (names) and the trust keys (``--model.trust``)
-    that the ``rows`` have, before ``n_regions``."""
+    that the ``rows`` (the mean rows of the datasets with a ``trust`` block) have, before ``n_regions``."""
     extra = [key for prefix, keys in DATASET_COLUMNS.items() if any(name.startswith(prefix) for name in datasets)
              for key in keys]
     extra += [key for key in TRUST_KEYS if any(key in row for row in rows)]
@@ -327,7 +327,7 @@ def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: li
     every command ends with)."""
     out = write_report(report, out_dir)
     means = {n: d["mean"] for n, d in report["datasets"].items()}
-    columns = columns or default_columns(means, means.values())
+    columns = columns or default_columns(means, [d["mean"] for d in report["datasets"].values() if d.get("trust")])
     if report.get("explainer"):
         say(f"maps: {explainer_text(report['explainer'])}")
     print(console_table(means, "dataset", columns))
