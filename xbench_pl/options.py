@@ -41,3 +41,26 @@ def _group_names(cls, value) -> None:
 #: subgroups to report (``--model.groups sex,age,view``, any subset): comma-separated names of ``data.groups.GROUPS``
 GroupNames = extend_base_type("GroupNames", str, _group_names, register_key=("xbench_pl", "GroupNames"),
                               docstring="comma-separated subgroups: sex, age, view (any subset)")
+
+
+#: the trust measures ``--model.trust`` takes (``xbench_pl.models.trust_run``), in the order they run
+TRUST_MEASURES = ("randomization", "deletion", "insertion", "random_target")
+
+
+def parse_trust(value: str) -> tuple[str, ...]:
+    """``--model.trust``'s comma-separated measures as a tuple in ``TRUST_MEASURES`` order; a ValueError names an
+    unknown one."""
+    names = [name.strip() for name in str(value).split(",") if name.strip()]
+    unknown = [name for name in names if name not in TRUST_MEASURES]
+    if unknown or not names:
+        raise ValueError(f"unknown trust measure {unknown[0] if unknown else value!r}; give any of {', '.join(TRUST_MEASURES)}")
+    return tuple(name for name in TRUST_MEASURES if name in names)
+
+
+def _trust_names(cls, value) -> None:
+    parse_trust(value)
+
+
+#: trust measures to run (``--model.trust randomization,deletion``, any subset): comma-separated names of ``TRUST_MEASURES``
+TrustMeasures = extend_base_type("TrustMeasures", str, _trust_names, register_key=("xbench_pl", "TrustMeasures"),
+                                 docstring="comma-separated trust measures: randomization, deletion, insertion, random_target")

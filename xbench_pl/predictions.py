@@ -51,7 +51,7 @@ from torch import nn
 
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
 from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
-from xbench_pl.models.base import EXPLAINER_ARGS, ZeroShotModel, ZeroShotOutput
+from xbench_pl.models.base import EXPLAINER_ARGS, TRUST_ARGS, ZeroShotModel, ZeroShotOutput
 from xbench_pl.outputs import atomic_write, fsync_dir
 
 FORMAT = 2
@@ -295,8 +295,8 @@ def upgrade(store: Store) -> tuple[int, list[BadShard]]:
 def metric_settings(model) -> dict:
     """A model's values of ``ZeroShotModel``'s own arguments (normalisation, thresholds and every other
     metric setting the base class takes), read from its attributes of the same names; not the explainer's,
-    which make the maps (the manifest's ``explainer``)."""
-    names = [name for name in inspect.signature(ZeroShotModel.__init__).parameters if name not in ("self", *EXPLAINER_ARGS)]
+    which make the maps (the manifest's ``explainer``), nor the trust measures', which need the model itself."""
+    names = [name for name in inspect.signature(ZeroShotModel.__init__).parameters if name not in ("self", *EXPLAINER_ARGS, *TRUST_ARGS)]
     return {name: getattr(model, name) for name in names if hasattr(model, name)}
 
 

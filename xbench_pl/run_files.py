@@ -41,6 +41,7 @@ from xbench_pl.data.errors import Problem
 from xbench_pl.data.groups import UNKNOWN
 from xbench_pl.metrics.benchmark import COUNT_KEYS, NEGATIVE_KEYS, metric_keys
 from xbench_pl.metrics.chexlocalize import CXL_KEYS
+from xbench_pl.metrics.trust_mode import TRUST_KEYS
 from xbench_pl.outputs import REPLICATES_FILE, OutputFolder, split_replicates, write_results
 
 #: the console table's columns unless ``--columns`` says otherwise: the README's (the paper's) eight keys and
@@ -68,7 +69,7 @@ def markdown_table(rows: dict[str, dict], first: str) -> str:
 
 def column_names() -> tuple[str, ...]:
     """Every key a table row can have (``dice@0.5``/``iou@0.5`` stand for any fixed threshold's)."""
-    return (*metric_keys(), *COUNT_KEYS, *NEGATIVE_KEYS, *CXL_KEYS)
+    return (*metric_keys(), *COUNT_KEYS, *NEGATIVE_KEYS, *CXL_KEYS, *TRUST_KEYS)
 
 
 def parse_columns(text: str | None) -> list[str] | str | None:
@@ -96,10 +97,12 @@ def console_columns(row: dict, columns: list[str] | str | None = None) -> list[s
     return chosen
 
 
-def default_columns(datasets) -> list[str]:
-    """``DEFAULT_COLUMNS`` with the ``DATASET_COLUMNS`` of the ``datasets`` (names) before ``n_regions``."""
+def default_columns(datasets, rows=()) -> list[str]:
+    """``DEFAULT_COLUMNS`` with the ``DATASET_COLUMNS`` of the ``datasets`` (names) and the trust keys (``--model.trust``)
+    that the ``rows`` (the mean rows of the datasets with a ``trust`` block) have, before ``n_regions``."""
     extra = [key for prefix, keys in DATASET_COLUMNS.items() if any(name.startswith(prefix) for name in datasets)
              for key in keys]
+    extra += [key for key in TRUST_KEYS if any(key in row for row in rows)]
     return [*DEFAULT_COLUMNS[:-1], *dict.fromkeys(extra), DEFAULT_COLUMNS[-1]]
 
 
@@ -142,6 +145,12 @@ def extra_markdown(d: dict) -> list[str]:
         cells = {k: "–" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]" for k, v in ci["mean"].items()}
         parts += ["", f"{int(ci['level'] * 100)} % bootstrap intervals of the mean ({ci['resamples']} resamples, unit: {ci['unit']}, seed {ci['seed']}):", "",
                   "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|", "| " + " | ".join(cells.values()) + " |"]
+    trust = d.get("trust")
+    if trust:
+        parts += ["", *trust_lines(trust, quote="`")]
+        if trust["stages"]:
+            parts += ["", markdown_table({s["stage"]: {k: v for k, v in s.items() if k != "stage" and not k.endswith("_interval")}
+                                          for s in trust["stages"]}, "randomized up to")]
     by_size = d.get("by_size")
     if by_size:
         low, high = by_size["bounds"]
@@ -166,6 +175,23 @@ def render_markdown(report: dict) -> str:
             parts += ["", f"{len(d['problems'])} input problem(s) skipped or corrected:", ""]
             parts += [f"- {format_problem(p)} [{p['action']}]" for p in d["problems"]]
     return "\n".join(parts) + "\n"
+
+
+def trust_lines(trust: dict, quote: str = "") -> list[str]:
+    """What a dataset's ``trust`` block says in words: the measures' settings and, with randomization, whether the maps
+    pass it (the last stage's mean SSIM below Arun et al.'s baseline)."""
+    settings = trust["settings"]
+    perturbation = (f", {settings['steps']} steps, baseline {settings['baseline']}" if {"deletion", "insertion"} & set(settings["measures"])
+                    else "")
+    lines = [f"Trust measures: {', '.join(settings['measures'])} (seed {settings['seed']}{perturbation}; "
+             f"{settings['pairs_measured']} pairs of {settings['images_measured']} images, pairs: {settings['pairs']}, "
+             f"sample fraction {settings['sample']['fraction']:g})."]
+    verdict = {True: "passes", False: "FAILS", None: "undefined"}[trust["passes_randomization"]]
+    if "randomization" in settings["measures"]:
+        stages = ", ".join(f"{quote}{name}{quote}" for name in settings["stages"]) or "none (nothing to randomize)"
+        lines.append(f"Randomization {verdict}: the maps of the model randomized from the top ({stages}) against the trained "
+                     "model's, last stage's SSIM below the baseline of random image pairs = passes.")
+    return lines
 
 
 def explainer_text(explainer: dict, quote: str = "") -> str:
@@ -301,7 +327,7 @@ def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: li
     every command ends with)."""
     out = write_report(report, out_dir)
     means = {n: d["mean"] for n, d in report["datasets"].items()}
-    columns = columns or default_columns(means)
+    columns = columns or default_columns(means, [d["mean"] for d in report["datasets"].values() if d.get("trust")])
     if report.get("explainer"):
         say(f"maps: {explainer_text(report['explainer'])}")
     print(console_table(means, "dataset", columns))
@@ -313,6 +339,8 @@ def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: li
     for name, d in report["datasets"].items():
         for line in group_summary(name, d.get("by_group") or {}, columns):
             say(line)
+        if d.get("trust") and "randomization" in d["trust"]["settings"]["measures"]:
+            say(f"{name}: {trust_lines(d['trust'])[-1]}")
     for line in problem_summary(report, out):
         say(line)
     return out

@@ -26,6 +26,9 @@ With ``groups`` (``("sex", "age", "view")``, any subset; ``xbench_pl.data.groups
 ``by_group``: per group, ``n_images`` per value (``unknown`` included), per known value the table of that
 value's images alone (``classes``, ``mean``: the same metric code on the subset; ``ci``: on the dataset's
 bootstrap draws), and ``gap`` per key (``group_gap``). The cxl keys are not reported per group.
+With ``trust`` (the settings of ``--model.trust``, ``models.trust_run.TrustRun.settings``) every row also has the
+``trust_mode.TRUST_KEYS`` of the measures asked for, fed by ``update_trust``, with intervals on the same draws, and
+the table a ``trust`` block (``TrustMode.block``); they are not reported per group either.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from xbench_pl.metrics.grounding import (
 )
 from xbench_pl.metrics.functional import bootstrap_weights, percentile_interval
 from xbench_pl.metrics.recognition import Recognition, replicate_recognition
+from xbench_pl.metrics.trust_mode import TrustMode, trust_keys
 from xbench_pl.metrics.resampling import (
     DEFAULT_SIZE_BOUNDS,
     SIZE_STRATA,
@@ -203,17 +207,20 @@ class BenchmarkMetrics(nn.Module):
     def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
                  tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False,
-                 negatives: bool = False, groups: tuple[str, ...] = ()):
+                 negatives: bool = False, groups: tuple[str, ...] = (), trust: dict | None = None):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
         self.recognition = Recognition(c, threshold=score_threshold)
         self.pointing = PointingGame(c)
         self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
-        self.keys = metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ()) + (NEGATIVE_KEYS if negatives else ())
+        self.keys = (metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ()) + (NEGATIVE_KEYS if negatives else ())
+                     + (trust_keys(tuple(trust["measures"])) if trust else ()))
         self.negatives = bool(negatives)
         # CheXlocalize-comparable mode (``chexlocalize.py``): fed by ``update_cxl`` at full resolution
         self.cxl = CheXlocalizeMode(c) if cxl else None
+        # the trust measures (``--model.trust``): fed by ``update_trust`` with what ``models.trust_run`` measured
+        self.trust = TrustMode(c, trust) if trust else None
         self.curves: dict = {}
         if bootstrap < 0:
             raise ValueError(f"bootstrap must be >= 0 resamples (0 = off), got {bootstrap}")
@@ -387,6 +394,14 @@ class BenchmarkMetrics(nn.Module):
             raise ValueError("update_cxl: this BenchmarkMetrics was built without cxl=True")
         self.cxl.update(pairs, units, judged=judged)
 
+    def update_trust(self, image: torch.Tensor, unit: torch.Tensor, cls: torch.Tensor, values: torch.Tensor,
+                     maps: torch.Tensor | None = None) -> None:
+        """Feed the trust measures (``TrustMode.update``): per measured pair its image and unit keys, class, values and
+        (with randomization) its normalised trained map on the eval grid."""
+        if self.trust is None:
+            raise ValueError("update_trust: this BenchmarkMetrics was built without trust settings")
+        self.trust.update(image, unit, cls, values, maps)
+
     def sample_state(self) -> dict:
         """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),
         ``pairs`` (``PairRecords``, sorted by image and class), ``images`` (``ImageRecords``, sorted by image)."""
@@ -396,7 +411,8 @@ class BenchmarkMetrics(nn.Module):
         images = _unsqueezed(self.images.compute(), {name: shape[1:] for name, (shape, _) in self.images.shapes().items()})
         cxl = (_unsqueezed(self.cxl.pairs.compute(), {"values": (len(CXL_KEYS),), "defined": (len(CXL_KEYS),)})
                if self.cxl is not None and self.cxl.keyed else None)
-        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": images, "cxl": cxl}
+        return {"grounding": self.dice_iou.compute(), "pairs": records, "images": images, "cxl": cxl,
+                "trust": self.trust.state() if self.trust is not None else None}
 
     def compute(self) -> dict:
         state = self.sample_state()
@@ -421,6 +437,8 @@ class BenchmarkMetrics(nn.Module):
         columns.update(self._extra_columns(grounding, state))
         if self.cxl is not None:
             columns.update(self.cxl.compute())
+        if self.trust is not None:
+            columns.update(self.trust.columns(state["trust"]))
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
         # torchmetrics squeezes one-element results; a one-class dataset still needs [C]
         columns = {k: v.reshape(len(self.classes)) for k, v in columns.items()}
@@ -440,6 +458,8 @@ class BenchmarkMetrics(nn.Module):
         out = {"classes": classes, "mean": mean, "ci": ci, "by_size": by_size, "tuning": self._tuning_note()}
         if self.group_names:
             out["by_group"] = self._by_group(state, draws)
+        if self.trust is not None:
+            out["trust"] = self.trust.block(state["trust"], columns, draws)
         return out
 
     # -- beyond the paper ------------------------------------------------------------------------
@@ -541,6 +561,8 @@ class BenchmarkMetrics(nn.Module):
             cxl = state["cxl"]
             per_cxl = resampled_means(torch.searchsorted(universe, cxl["unit"]), cxl["cls"], cxl["values"], cxl["defined"], c, weights)
             out.update({k: per_cxl[:, :, i] for i, k in enumerate(CXL_KEYS)})
+        if state.get("trust") is not None:
+            out.update(self.trust.replicates(state["trust"], universe, weights))
         if not self.images_keyed:
             return out
         n, index = images["image"].numel(), torch.searchsorted(universe, images["unit"])
@@ -561,7 +583,8 @@ class BenchmarkMetrics(nn.Module):
         else:
             image, unit = pairs["image"], pairs["unit"]
         extra = state["cxl"]["unit"] if state["cxl"] is not None else unit[:0]  # cxl judges images without regions too
-        return torch.unique(torch.cat([unit, extra]), sorted=True), unit_name(image, unit)
+        measured = state["trust"]["unit"] if state.get("trust") is not None else unit[:0]  # trust_pairs=all: those too
+        return torch.unique(torch.cat([unit, extra, measured]), sorted=True), unit_name(image, unit)
 
     def draws(self, state: dict) -> tuple[torch.Tensor, str, torch.Tensor] | None:
         """The bootstrap's ``(units, unit name, weights [R, U])`` (``units``, ``bootstrap_weights``), drawn once for the

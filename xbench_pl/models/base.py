@@ -22,12 +22,12 @@ import inspect
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
@@ -42,11 +42,15 @@ from xbench_pl.models.stand_ins import stand_in_tokenizer
 from xbench_pl.metrics.resampling import image_key, unit_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
-from xbench_pl.options import ExplainerName, GridThreshold, GroupNames
+from xbench_pl.options import ExplainerName, GridThreshold, GroupNames, TrustMeasures
 from xbench_pl.registry import qualified_name
 
 #: ``ZeroShotModel``'s arguments that choose how maps are made, not how they are judged (``predictions.metric_settings``)
 EXPLAINER_ARGS = ("explainer", "explainer_layer")
+#: ``ZeroShotModel``'s arguments of the trust measures: they test the maps against the model, which a replay of stored
+#: predictions cannot run (``predictions.metric_settings`` leaves them out too)
+TRUST_ARGS = ("trust", "trust_seed", "trust_steps", "trust_baseline", "trust_blur_sigma", "trust_stages", "trust_pairs",
+              "trust_fraction")
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
 
@@ -129,6 +133,20 @@ class ZeroShotModel(L.LightningModule):
         groups: subgroups to report per dataset in ``by_group`` (``sex,age,view``, any subset, comma-separated;
             ``xbench_pl.data.groups``): each group value's table, its images counted, and the gap between
             values with a paired bootstrap interval and p-value (docs/metrics.md). None: off.
+        trust: is the map the model's? (``randomization,deletion,insertion,random_target``, any subset,
+            comma-separated; ``xbench_pl.models.trust_run``, docs/trust.md): the keys ``randomization_ssim``,
+            ``randomization_spearman``, ``randomization_baseline``, ``deletion_auc``, ``insertion_auc``,
+            ``random_target_ssim`` with intervals and a ``trust`` block per dataset. None: off.
+        trust_seed: the seed of the randomized weights, the baseline's random pairs, random_target's other
+            finding and the image sample.
+        trust_steps: deletion/insertion steps K (each a forward of the perturbed inputs).
+        trust_baseline: what deleted pixels become: ``blur`` (the image blurred, ``trust_blur_sigma``) or ``mean``
+            (the model's normalisation mean, i.e. 0 in model-input space).
+        trust_blur_sigma: the Gaussian blur's sigma in model-input pixels (``trust_baseline=blur``).
+        trust_stages: the randomization stages measured: ``all`` (the curve) or ``last`` (the full cascade only:
+            one randomized copy instead of one per stage).
+        trust_pairs: ``regions`` (each finding with a region) or ``all`` (every finding of every image).
+        trust_fraction: the share of the images measured, a seeded sample by image id (``trust_run.sampled``).
     """
 
     preprocess: Preprocess
@@ -147,7 +165,10 @@ class ZeroShotModel(L.LightningModule):
                  size_strata: tuple[OpenUnitInterval, OpenUnitInterval] = (0.01, 0.1), tune_from: str | None = None,
                  cxl: bool = False, negatives: bool = False, trainable: list[str] | None = None, lr: PositiveFloat = 1e-4,
                  weight_decay: NonNegativeFloat = 0.01, explainer: ExplainerName = "native", explainer_layer: str | None = None,
-                 groups: GroupNames | None = None):
+                 groups: GroupNames | None = None, trust: TrustMeasures | None = None, trust_seed: int = 0,
+                 trust_steps: PositiveInt = 10, trust_baseline: Literal["blur", "mean"] = "blur",
+                 trust_blur_sigma: PositiveFloat = 10.0, trust_stages: Literal["all", "last"] = "all",
+                 trust_pairs: Literal["regions", "all"] = "regions", trust_fraction: ClosedUnitInterval = 1.0):
         super().__init__()
         from xbench_pl.data.groups import parse_groups
 
@@ -158,6 +179,15 @@ class ZeroShotModel(L.LightningModule):
         if explainer_layer is not None and explainer == "native":
             raise ValueError(f"explainer_layer {explainer_layer!r} needs an explainer (e.g. explainer='gradcam'); native maps have no layer")
         self.explainer, self.explainer_layer = explainer, explainer_layer
+        self.trust, self.trust_seed, self.trust_steps, self.trust_baseline = trust, trust_seed, trust_steps, trust_baseline
+        self.trust_blur_sigma, self.trust_stages, self.trust_pairs, self.trust_fraction = (trust_blur_sigma, trust_stages,
+                                                                                           trust_pairs, trust_fraction)
+        self.trust_run = None
+        if trust:
+            from xbench_pl.models.trust_run import TrustRun
+
+            self.trust_run = TrustRun(trust, trust_seed, trust_steps, trust_baseline, trust_blur_sigma, trust_stages,
+                                      trust_pairs, trust_fraction)
         self.explainer_method = None  # built by attach_explainer once the family has built its modules
         for pattern in trainable or ():
             try:
@@ -287,12 +317,18 @@ class ZeroShotModel(L.LightningModule):
 
     # -- evaluation -------------------------------------------------------------------------
     def add_dataset(self, name: str, classes: list[str]) -> None:
+        # the trust measures run in tests only, never in fit's validation
+        trust = self.trust_run.settings(self) if self.trust_run is not None and self.benchmark is not self.val_benchmark else None
         self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
                                                 bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
                                                 tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl,
-                                                negatives=self.negatives, groups=self.groups).to(self.device)
+                                                negatives=self.negatives, groups=self.groups, trust=trust).to(self.device)
 
     def on_test_start(self) -> None:
+        # a resumed store's images are replayed from their maps, without the model: they would go unmeasured
+        if self.trust_run is not None and any(getattr(callback, "resumed", None) for callback in self.trainer.callbacks):
+            raise ValueError("--model.trust measures the model itself, which a run resumed from a prediction store does not "
+                             "run on the stored images: use an empty --predictions folder")
         self.benchmark = nn.ModuleDict()
         self.region_datasets = {}
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -305,7 +341,20 @@ class ZeroShotModel(L.LightningModule):
         device = output.scores.device.type
         # Lightning runs the step under autocast: the warp and the metrics take the dtypes they ask for, never bf16/fp16
         with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
-            return self.update_metrics(batch, output)
+            judged = self.update_metrics(batch, output)
+        if self.benchmark[batch.dataset].trust is not None:  # its forwards as the native one: under the trainer's precision
+            self.update_trust(batch, output)
+        return judged
+
+    def update_trust(self, batch: Batch, output: ZeroShotOutput) -> None:
+        """The trust measures of ``batch``'s pairs (``trust_run.TrustRun.measure``) into its dataset's metrics."""
+        measured = self.trust_run.measure(self, batch, output, self.normalize)
+        if measured is None:
+            return
+        sample = measured["sample"]
+        keys = torch.tensor([image_key(batch.image_ids[i]) for i in sample.tolist()], dtype=torch.long)
+        self.benchmark[batch.dataset].update_trust(keys, batch_units(batch)[sample], measured["cls"], measured["values"],
+                                                   measured["maps"])
 
     def update_metrics(self, batch: Batch, output: ZeroShotOutput) -> TestStepOutput:
         """``test_step``'s judging of ``output``: checks, the warp to the eval grid and the metric update."""
@@ -390,6 +439,8 @@ class ZeroShotModel(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
+        if self.trust_run is not None:
+            self.trust_run.copies = []  # the randomized copies are for this run's batches only
         self.curves = {name: metrics.curves for name, metrics in self.benchmark.items()}  # for plots (callbacks)
         # straight to the loggers (W&B, CSV, ...), from rank zero, in float64: these numbers are already
         # synced, so Lightning's self.log (which would cast to float32 and ask for sync_dist) is not used

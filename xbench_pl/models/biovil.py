@@ -131,6 +131,7 @@ class BioViLImage(nn.Module):
 
 # -- the similarity map's smoothing ------------------------------------------------------------------
 @lru_cache(maxsize=16)
+@torch.inference_mode(False)  # cached across runs: a normal tensor, which a later explainer's autograd can save
 def gaussian_matrix(n: int, sigma: float, truncate: float) -> torch.Tensor:
     """``[n, n]`` float64 ``K`` with ``K @ x`` = ``scipy.ndimage.gaussian_filter1d(x, sigma, axis=0, mode="reflect",
     truncate=truncate)``: scipy's kernel (radius ``int(truncate * sigma + 0.5)``, normalised) with each tap

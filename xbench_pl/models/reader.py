@@ -152,6 +152,9 @@ class ReaderModel(ZeroShotModel):
 
     def __init__(self, annotations: str | None = None, salient_points: str | None = None, random_init: bool = False, **kwargs):
         super().__init__(**kwargs)
+        if self.trust:
+            raise ValueError("reader: trust measures test a model's maps against its weights and inputs; a reader's "
+                             "annotation has neither (leave --model.trust out)")
         if annotations is None and not random_init:
             raise ValueError("reader needs annotations=FILE: CheXlocalize's hb_segmentations_test.json or VinDr-CXR's "
                              "annotations_train.csv (or random_init=True for a smoke test)")
