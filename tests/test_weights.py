@@ -299,3 +299,39 @@ def test_hf_hub_checkpoint_downloads_the_repository_folder(hosts, tmp_path, monk
     hosts.hub["someone/gated"] = {}
     problem = released_weights(["--model", "biomedclip", "--model.checkpoint", "hf-hub:someone/gated"]).problem
     assert problem.startswith("--model.checkpoint: hf-hub:someone/gated: someone/gated is refused (HTTP 401)")
+
+
+def test_pull_places_every_released_models_files_where_test_by_name_reads_them(tmp_path, monkeypatch):
+    """Every source of weights.yaml served on the loopback hosts (placeholder bytes in each release's layout), every
+    model with a release pulled in one command: each registered model's file arguments then name pulled files."""
+    sources, needs = read_sources()
+    served = Hosts()
+    try:
+        for number, source in enumerate(sources.values()):
+            files = {name: payload(100 + number, 64) + name.encode() for name in source.files}
+            if source.kind == "hub":
+                served.hub[source.where] = files
+            elif source.kind == "drive_folder":
+                served.drive_folder(source.where, source.name, files)
+            elif source.kind == "drive_file":
+                served.drive_files[source.where] = (source.files[0], files[source.files[0]])
+            else:
+                served.raw.update({f"{source.where}/{source.revision}/{name}": data for name, data in files.items()})
+        released = sorted(name for name, need in needs.items() if need.arguments)
+        cache = tmp_path / "cache"
+        result = weights(served, "pull", *released, cache=cache)
+    finally:
+        served.close()
+    assert result.returncode == 0, result.stderr
+    assert set(released) >= {"clip", "biomedclip", "biovil", "biovil_t", "radzero", "medklip", "mavl", "kad", "carzero",
+                             "chexzero"}
+    monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(cache))
+    for model in released:
+        given = released_weights(["test", "--model", model, "--data", "demo"])
+        assert given.problem is None and not given.missing, model
+        values = dict(zip(given.argv[3:-2:2], given.argv[4:-2:2]))
+        assert set(values) == {f"--model.{arg}" for arg in needs[model].arguments}, model
+        for value in values.values():
+            for path in (json.loads(value) if value.startswith("[") else [value]):
+                assert Path(path).exists() and cache in Path(path).parents, (model, path)
+    assert weights(served, "verify", cache=cache).returncode == 0
