@@ -48,7 +48,7 @@ def bootstrap_p_value(differences: torch.Tensor) -> float | None:
 
 
 def _difference(a: float | None, b: float | None, replicates: torch.Tensor, level: float) -> dict:
-    from xbench_pl.metrics.benchmark import interval
+    from xbench_pl.metrics.resampling import interval
     from xbench_pl.metrics.functional import percentile_interval
 
     diff = None if a is None or b is None else a - b

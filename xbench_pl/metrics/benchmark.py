@@ -79,7 +79,9 @@ from xbench_pl.metrics.resampling import (
     ImageRecords,
     class_means,
     draws_id,
+    interval,
     intervals,
+    json_number,
     kept_replicates,
     resampled_means,
     strata_means,
@@ -137,18 +139,8 @@ def read_tuned_thresholds(path: str) -> dict[str, dict[str, float]]:
     return data
 
 
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-def interval(pair: torch.Tensor) -> list | None:
-    """A ``[2]`` percentile interval as JSON: ``[low, high]``, or None where undefined."""
-    low, high = (_number(float(v)) for v in pair)
-    return None if low is None else [low, high]
-
-
 def _numbers(values: torch.Tensor) -> list:
-    return [int(v) if isinstance(v, int) else _number(v) for v in values.cpu().tolist()]
+    return [int(v) if isinstance(v, int) else json_number(v) for v in values.cpu().tolist()]
 
 
 def checked_size_bounds(size_bounds) -> tuple[float, float]:
@@ -445,7 +437,7 @@ class BenchmarkMetrics(nn.Module):
         counts = {k: v.reshape(len(self.classes)) for k, v in counts.items()}
         classes = {}
         for i, name in enumerate(self.classes):
-            row = {k: _number(float(columns[k][i])) for k in self.keys}
+            row = {k: json_number(float(columns[k][i])) for k in self.keys}
             row.update({k: int(counts[k][i]) for k in COUNT_KEYS})
             classes[name] = row
         mean = {}
@@ -611,7 +603,7 @@ class BenchmarkMetrics(nn.Module):
         strata = strata_means(stratum, cls, values, defined, c)
 
         def row(means: torch.Tensor, pairs: torch.Tensor) -> dict:
-            out = {k: _number(float(means[i])) for i, k in enumerate(keys)}
+            out = {k: json_number(float(means[i])) for i, k in enumerate(keys)}
             out["n_regions"] = int(pairs)
             return out
 

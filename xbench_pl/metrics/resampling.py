@@ -25,6 +25,7 @@ reader) gets its interval from replicate-by-replicate ratios on the same draws, 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
@@ -160,3 +161,14 @@ def strata_means(stratum: torch.Tensor, cls: torch.Tensor, values: torch.Tensor,
         means.append(class_means(cls[keep], values[keep], defined[keep], num_classes))
         pairs.append(torch.bincount(cls[keep], minlength=num_classes))
     return {"means": torch.stack(means), "pairs": torch.stack(pairs)}
+
+
+def json_number(value: float) -> float | None:
+    """A float as JSON: None for NaN (undefined)."""
+    return None if math.isnan(value) else float(value)
+
+
+def interval(pair: torch.Tensor) -> list | None:
+    """A ``[2]`` percentile interval as JSON: ``[low, high]``, or None where undefined."""
+    low, high = (json_number(float(v)) for v in pair)
+    return None if low is None else [low, high]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from xbench_pl.metrics.grounding import Records, to_fixed
-from xbench_pl.metrics.resampling import class_means, intervals, resampled_means
+from xbench_pl.metrics.resampling import class_means, interval, intervals, resampled_means
 
 #: the keys ``--model.trust`` adds to every row (per measure asked for), with intervals like every pair key
 TRUST_KEYS = ("randomization_ssim", "randomization_spearman", "randomization_baseline", "deletion_auc", "insertion_auc",
@@ -199,8 +199,6 @@ class TrustMode(nn.Module):
         """The ``trust`` block: ``stages`` (per stage its name and the macro means of SSIM, Spearman and Spearman of
         absolute values, each with its bootstrap interval), ``settings``, ``passes_randomization`` (whether the last
         stage's mean SSIM is below the baseline's mean; null where either is undefined or randomization not run)."""
-        from xbench_pl.metrics.benchmark import interval
-
         means = class_means(state["cls"], state["stage_values"], state["stage_defined"], self.num_classes)
         boot = None
         if draws is not None:
