@@ -29,6 +29,9 @@ bootstrap draws), and ``gap`` per key (``group_gap``). The cxl keys are not repo
 With ``trust`` (the settings of ``--model.trust``, ``models.trust_run.TrustRun.settings``) every row also has the
 ``trust_mode.TRUST_KEYS`` of the measures asked for, fed by ``update_trust``, with intervals on the same draws, and
 the table a ``trust`` block (``TrustMode.block``); they are not reported per group either.
+
+Over 500 lines on purpose: ``BenchmarkMetrics`` is the one table every run writes; it composes the grounding,
+recognition, group and trust states and gives every key its interval from the same bootstrap draws.
 """
 
 from __future__ import annotations

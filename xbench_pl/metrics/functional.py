@@ -3,6 +3,9 @@
 Grounding functions take maps and masks already in one frame: ``maps [N, H, W]`` float,
 ``masks [N, H, W]`` bool. Recognition functions take one finding's ``scores [N]`` and 0/1
 ``labels [N]`` and return float64 values computed from exact integer counts (no float32 step).
+
+Over 500 lines on purpose: as in torchmetrics' ``functional/``, every metric class's plain-torch twin lives here,
+so the reference definitions are read (and tested) in one place.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ thread count and the CPU's vector width (a map summed alone and within a batch c
 bit). The kernel sums the float32 masses exactly (a per-exponent integer accumulator) and returns the
 correctly rounded ratio of the exact sums: the same value on any machine and for any batching, within
 a few units in the last place of the reference's (tested to 1e-15 relative).
+
+Over 500 lines on purpose: the numba kernels share one compile-and-cache setup and one layout of counts, and
+each is checked against its reference in ``functional.py``.
 """
 
 from __future__ import annotations

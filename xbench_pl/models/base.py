@@ -14,6 +14,9 @@ metrics, computed, logged and reset every epoch) and ``configure_optimizers`` (A
 parameters that ``trainable``, else the family's ``TRAINABLE``, selects; the rest is frozen). A
 checkpoint keeps only what fit changes, with a fingerprint of the frozen base weights that the
 model's own options rebuild (``on_save_checkpoint``, ``on_load_checkpoint``).
+
+Over 500 lines on purpose: Lightning runs one LightningModule per model, and this is the one place where
+the shared test, fit and trust paths meet every family; their math lives in ``metrics/`` and ``models/trust_run.py``.
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ MAVL then averages concepts 0, 6, 7, 8 (description, patterns, shape, texture; c
 authors upsample (MedKLIP nearest x16, MAVL bilinear ``align_corners=True``); here the
 benchmark's own warp to the evaluation grid replaces both. Preprocessing as their datasets:
 bilinear (PIL, antialiased) squash to 224, ImageNet mean/std.
+
+Over 500 lines on purpose: one family per file (timm's rule); MedKLIP and MAVL share the architecture, the
+checkpoint filter, the knowledge files and the cached query embeddings.
 """
 
 from __future__ import annotations
