@@ -151,6 +151,12 @@ def test_an_input_only_map_fails_randomization_and_a_gradient_map_passes(tmp_pat
     assert gradcam["trust"]["passes_randomization"] is True
     assert gradcam["mean"]["randomization_ssim"] < gradcam["mean"]["randomization_baseline"]
     assert not math.isclose(gradcam["mean"]["randomization_ssim"], 1.0)
+    # the report's "Is the map the model's?" section reads these real runs: the edges fail, Grad-CAM passes
+    assert in_process("report", str(tmp_path / "edges"), str(tmp_path / "gradcam"), "--out", str(tmp_path / "report")).returncode == 0
+    section = (tmp_path / "report" / "report.md").read_text().split("Is the map the model's?")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in section.splitlines()
+            if line.startswith(("| fixture_trust.EdgeExplainedCLIP |", "| clip [gradcam] |"))}
+    assert rows["| fixture_trust.EdgeExplainedCLIP"][4] == "FAIL ⚠" and rows["| clip [gradcam]"][4] == "pass"
 
 
 def test_a_run_resumed_from_a_store_refuses_the_trust_measures(tmp_path):
