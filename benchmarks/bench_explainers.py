@@ -108,6 +108,11 @@ def applicable(model) -> list[str]:
     return out
 
 
+def device_name(device: torch.device) -> str:
+    """What ran the benchmark: the GPU's name, or the CPU thread count."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+
+
 def on_device(fn, device: torch.device):
     """``fn`` that waits for the device's queued work, so that its time is the work's (CUDA runs asynchronously)."""
     if device.type != "cuda":
@@ -203,8 +208,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"torch {torch.__version__}, {where}, batch {args.batch}, {len(CXR14)} findings")
+    print(f"torch {torch.__version__}, {device_name(device)}, batch {args.batch}, {len(CXR14)} findings")
     with tempfile.TemporaryDirectory() as tmp:
         options = model_options(sorted({*args.models, args.leak_model}), Path(tmp))
         rows = [row for name in args.models for row in measure(name, options[name], args.explainers, args.batch, args.repeats, device)]

@@ -28,7 +28,7 @@ from xbench_pl.models.trust_run import TrustRun
 from xbench_pl.options import TRUST_MEASURES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_explainers import MODELS, model_options, on_device  # noqa: E402
+from bench_explainers import MODELS, device_name, model_options, on_device  # noqa: E402
 from bench_query_models import best_of_interleaved  # noqa: E402
 
 
@@ -84,8 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"torch {torch.__version__}, {where}, batch {args.batch}, {args.steps} steps, stages {args.stages}")
+    print(f"torch {torch.__version__}, {device_name(device)}, batch {args.batch}, {args.steps} steps, stages {args.stages}")
     with tempfile.TemporaryDirectory() as tmp:
         options = model_options(sorted(args.models), Path(tmp))
         rows = [row for name in args.models
