@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
@@ -79,6 +80,7 @@ class Needs:
     none: str | None = None
 
 
+@lru_cache(maxsize=None)  # read once per process: the file ships with the package; callers only read the answer
 def read_sources(path: Path = SOURCES_FILE) -> tuple[dict[str, Source], dict[str, Needs]]:
     data = yaml.safe_load(path.read_text())
     sources = {}
