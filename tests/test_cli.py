@@ -4,6 +4,7 @@ the whole session), else by ``main`` in this process, which spares the start-up 
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -19,10 +20,43 @@ REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = set(metric_keys()) | {"n_pos", "n_neg", "n_regions"}
 
 
-def cli(*args, timeout=300):
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def cli_env(**extra) -> dict[str, str]:
+    """The environment of a command the tests start: this one, offline, with the tests' fixture models importable."""
+    return {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **extra}
+
+
+def cli(*args, timeout=300, **extra):
+    """``python -m xbench_pl ARGS`` in a new process, ``extra`` added to its environment."""
+    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**extra), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lightning_ddp(*args, **extra) -> subprocess.CompletedProcess:
+    """``test|fit ARGS`` on 2 DDP processes as a user starts it: Lightning's launcher starts rank 1 once rank 0 has
+    loaded the model."""
+    return cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", **extra)
+
+
+def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
+    """``lightning_ddp(*args)`` with both ranks started at once: rank 1 is the same command line with the variables
+    Lightning's launcher gives it (``LOCAL_RANK=1`` and the ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK``/
+    ``WORLD_SIZE`` that rank 0 also reads), as torchrun starts them. The same two processes, but their start-ups
+    (seconds of imports each) overlap instead of following each other. Exit status: the first non-zero; output: rank
+    0's, then rank 1's."""
+    environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
+    command = [sys.executable, "-m", "xbench_pl", *args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    ranks = [subprocess.Popen(command, cwd=REPO, env=cli_env(**environment, LOCAL_RANK=str(rank), **extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=timeout) for rank in ranks]
+    code = next((rank.returncode for rank in ranks if rank.returncode), 0)
+    return subprocess.CompletedProcess(command, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:
@@ -50,13 +84,30 @@ def in_process(*args, **environ) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["xbench_pl", *args], code, out.getvalue(), stderr)
 
 
-def one_and_two_processes(out: Path, *args):
-    """Run ``test ARGS`` in 1 process and in 2 DDP processes: (report of 1, report of 2, the DDP run),
-    each report without its ``provenance`` (times, world size), which is checked and dropped. The one process
-    is this one: the 2 DDP processes are compared with the code the other tests run in process."""
+def run_sweep_in_process(sweep_file: Path, out: Path) -> int:
+    """``sweep SWEEP_FILE --out OUT`` with each run's ``python -m xbench_pl ...`` command run by ``in_process`` (its
+    output into the run's log, as the subprocess writes it), not in a new process: the runs' commands, folders and
+    summary as the sweep makes them, without a start-up per run. test_sweep runs sweeps in real subprocesses."""
+    from xbench_pl.commands import sweep
+
+    def run(command, stdout, stderr, env):
+        assert command[:3] == [sys.executable, "-m", "xbench_pl"], command
+        result = in_process(*command[3:], **{name: env[name] for name in ("WANDB_MODE",)})
+        stdout.write(result.stdout + result.stderr)
+        return result
+
+    with mock.patch.object(sweep, "subprocess", mock.Mock(run=run, STDOUT=subprocess.STDOUT)):
+        return sweep.main([str(sweep_file), "--out", str(out)])
+
+
+def one_and_two_processes(out: Path, *args, two_processes=ddp_ranks):
+    """Run ``test ARGS`` in 1 process and in 2 DDP processes (``ddp_ranks``, or ``lightning_ddp``): (report of 1,
+    report of 2, the DDP run), each report without its ``provenance`` (times, world size), which is checked and
+    dropped. The one process is this one: the 2 DDP processes are compared with the code the other tests run in
+    process."""
     one = in_process(*args, "--out", str(out / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(out / "two"))
+    two = two_processes(*args, "--out", str(out / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = (json.loads((out / run / "metrics.json").read_text()) for run in ("one", "two"))
     assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
@@ -84,7 +135,7 @@ def test_one_and_two_process_ddp_give_identical_metrics(tmp_path):
     split.write_text("image_id\n" + min(r.image_id for r in DemoDataModule().load_records()) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    a, b, two = one_and_two_processes(tmp_path, *common)
+    a, b, two = one_and_two_processes(tmp_path, *common, two_processes=lightning_ddp)  # as a user starts it
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
     assert "sync_dist" not in two.stderr and "Test metric" not in two.stdout  # quiet under DDP too
     mean = a["datasets"]["demo"]["mean"]

@@ -7,9 +7,6 @@ architecture, in subprocesses: never DDP inside pytest).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import kad_reference
 import xbench_pl
-from test_cli import in_process
+from test_cli import ddp_ranks, in_process
 from test_kad import TINY_BERT, released_layout, tiny_architecture, tokenizer_dir, write_json  # noqa: F401  (fixture)
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -30,7 +27,6 @@ from xbench_pl.models.kad import KAD
 from xbench_pl.models.layers import ViTPatches
 from xbench_pl.registry import read_config
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_VIT = {"image_size": 64, "patch_size": 16, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
             "intermediate_size": 64, "layer_norm_eps": 1e-12, "num_channels": 3, "hidden_act": "gelu", "qkv_bias": True}
 # google/vit-base-patch16-224-in21k's pytorch_model.bin (Hugging Face ViTModel, transformers 4.x names)
@@ -135,12 +131,6 @@ def test_tiny_devide_checkpoint_round_trip_and_errors(tiny_config, tokenizer_dir
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
-def cli(*args, timeout=900):
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
     """The registered full-size model, random weights, on 4 of the demo images (full-size forwards are slow)."""
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:4]
@@ -176,8 +166,7 @@ def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir
               "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
     one = in_process(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = cli(*common, "--model.checkpoint", str(checkpoint), "--trainer.devices", "2", "--trainer.strategy", "ddp",
-              "--out", str(tmp_path / "two"))
+    two = ddp_ranks(*common, "--model.checkpoint", str(checkpoint), "--out", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
     assert a["random_weights"] is True and b["random_weights"] is False

@@ -38,8 +38,8 @@ from xbench_pl.models.open_clip_model import OpenCLIPModel
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["Atelectasis", "Pleural Effusion", "Nodule"]
-#: ScoreCAM masks the input once per channel: on a ResNet, a 256-channel layer keeps that to seconds
-SCORECAM_LAYER = {"medklip": "image.layer3.5.conv2", "mavl": "image.layer3.5.conv2", "kad": "image.layer3.5.conv2"}
+#: ScoreCAM masks the input once per channel: on a ResNet, a 128-channel layer keeps that to seconds
+SCORECAM_LAYER = {"medklip": "image.layer2.3.conv2", "mavl": "image.layer2.3.conv2", "kad": "image.layer2.3.conv2"}
 
 
 def write_json(path: Path, config: dict) -> str:

@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from test_cli import cli
+from test_cli import ddp_ranks
 
 import kad_reference
 from test_kad import tiny_architecture, write_json
@@ -353,10 +353,10 @@ def test_ddp_fit_validates_exactly_and_its_checkpoint_tests_in_one_process(clip_
     """2 CPU processes: the same split, and the validation of the last epoch (each val image once over the
     ranks) equals a 1-process test of the checkpoint on the validation images, bit for bit. One image a
     batch on both sides: the tiny CLIP's float32 outputs move by ~1e-9 with the batch's size."""
-    run = cli("fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true",
-              "--model.bootstrap", "0", "--model.lr", "0.05", "--data", "demo", "--data.val_fraction", "0.25",
-              "--data.batch_size", "1", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-              "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp_path))
+    run = ddp_ranks("fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true",
+                    "--model.bootstrap", "0", "--model.lr", "0.05", "--data", "demo", "--data.val_fraction", "0.25",
+                    "--data.batch_size", "1", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+                    "--trainer.accelerator", "cpu", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "fit.json").read_text())
     assert record["provenance"]["world_size"] == 2

@@ -3,29 +3,19 @@ variables, as a job script sets them) give the metrics.json of one process (this
 subprocesses). 11 images over 2 ranks: an odd split, whose padding copy must not count."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from test_cli import in_process
+from test_cli import cli_env, free_port, in_process
 
 from xbench_pl.data.nih_bbox import DemoDataModule
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(args, **env):
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **env}
-    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -13,7 +13,7 @@ import pytest
 import radzero_reference
 import torch
 from safetensors.torch import save_file
-from test_cli import in_process
+from test_cli import in_process, run_sweep_in_process
 
 import xbench_pl
 
@@ -73,12 +73,10 @@ def test_fit_and_the_prediction_store_on_phrases(name, tmp_path):
 
 def test_the_phrases_sweep_runs_offline_on_the_synthetic_ms_cxr(tmp_path, monkeypatch):
     """sweeps/phrases_x_models.yaml as shipped, its data and models pointed at the synthetic MS-CXR and tiny seeded
-    CheXzero and RadZero (W&B logger off, for speed): every run finishes, and phrases ground otherwise than names."""
+    CheXzero and RadZero (W&B logger off, runs in this process, for speed): every run finishes, and phrases ground otherwise than names."""
     import csv
 
     import yaml
-
-    from xbench_pl.commands import sweep
 
     repo = Path(__file__).resolve().parents[1]
     spec = yaml.safe_load((repo / "sweeps" / "phrases_x_models.yaml").read_text())
@@ -100,7 +98,7 @@ def test_the_phrases_sweep_runs_offline_on_the_synthetic_ms_cxr(tmp_path, monkey
     assert spec["parameters"]["data.queries"]["values"] == ["phrases", "names"]
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     monkeypatch.chdir(repo)
-    assert sweep.main([str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "out")]) == 0
+    assert run_sweep_in_process(tmp_path / "sweep.yaml", tmp_path / "out") == 0
     with (tmp_path / "out" / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"done"}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import in_process
+from test_cli import cli_env, ddp_ranks, in_process
 
 from xbench_pl.data.base import XBenchDataset
 from xbench_pl.data.nih_bbox import DemoDataModule
@@ -24,16 +24,6 @@ from xbench_pl.predictions import Store, decode_shard, differences, encode_shard
 REPO = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "fixture_store.StoppableIntensityModel"]
 COMMON = ["--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-
-
-def env(**extra):
-    return {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **extra}
-
-
-def cli(*args, timeout=300, **extra):
-    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=env(**extra), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def run_test(out: Path, *extra, **environ):
@@ -149,7 +139,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, tmp_path):
     args = ["test", *MODEL, *COMMON, "--out", str(tmp_path / "resumed"), "--predictions", str(store),
             "--predictions_dtype", "float32", "--predictions_shard_images", "3"]
     killed = subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
+                              stderr=subprocess.PIPE, env=cli_env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
     try:
         for _ in range(3000):  # until the model reaches its third batch (or the run ends early: a failure)
             if ready.exists() or killed.poll() is not None:
@@ -223,8 +213,8 @@ def test_two_process_ddp_resumes_a_store_and_it_rescores_to_the_same_numbers(ref
         shard.unlink()  # 6 of the 12 images left, as after a crash
     before = set(Store(store).shard_paths())
     log = tmp_path / "computed.txt"
-    ddp = cli("test", *MODEL, *COMMON, "--out", str(tmp_path / "ddp"), "--predictions", str(store), "--predictions_dtype",
-              "float32", "--resume", "true", "--trainer.devices", "2", "--trainer.strategy", "ddp", XBENCH_TEST_LOG=str(log))
+    ddp = ddp_ranks("test", *MODEL, *COMMON, "--out", str(tmp_path / "ddp"), "--predictions", str(store), "--predictions_dtype",
+                    "float32", "--resume", "true", XBENCH_TEST_LOG=str(log))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     new = set(Store(store).shard_paths()) - before
     assert sorted(p.name.split("-")[1] for p in new) == ["rank0", "rank1"]  # each rank wrote its own shard

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_cli import run_sweep_in_process
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.commands import main as cli_main
 from xbench_pl.commands import sweep
@@ -242,7 +243,7 @@ def test_a_papers_sweep_command_parses_to_its_settings(capsys):
 def demo_sweep(tmp_path_factory):
     """``sweeps/xbench_paper.yaml`` with a tiny random-weight CLIP (a config file named clip.yaml) on the demo data laid
     out as the paper's datasets (``nih_bbox/``: the NIH-format phantoms, ``siim_pneumothorax/``: the SIIM-format
-    ones): 2 real runs, 200 resamples, a 128-pixel eval grid; then ``report --against paper``."""
+    ones): 2 real runs (in this process), 200 resamples, a 128-pixel eval grid; then ``report --against paper``."""
     from xbench_pl.data.synthetic import write_demo
 
     tmp = tmp_path_factory.mktemp("paper_sweep")
@@ -262,7 +263,7 @@ def demo_sweep(tmp_path_factory):
     spec["parameters"]["data.datasets"]["values"] = ["[nih_bbox]", "[siim_pneumothorax]"]
     spec["parameters"]["model.bootstrap"]["value"] = 200
     (tmp / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    assert sweep.main([str(tmp / "sweep.yaml"), "--out", str(tmp / "sweep")]) == 0
+    assert run_sweep_in_process(tmp / "sweep.yaml", tmp / "sweep") == 0
     assert cli_main(["report", str(tmp / "sweep"), "--against", "paper", "--out", str(tmp / "report")]) == 0
     return tmp
 
