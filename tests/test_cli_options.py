@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import REPO, cli
+from test_cli import REPO, in_process
 
 from xbench_pl.commands import SUMMARIES, TRAINER_COMMANDS, main
 from xbench_pl.commands.trainer import XBenchCLI
@@ -77,10 +77,15 @@ def test_every_constrained_option_of_the_models_and_datasets_is_checked_while_pa
 
 
 def test_a_bad_value_stops_before_the_trainer_starts(tmp_path):
-    """The issue's case, end to end: one line, exit 2, and no progress bar (the test loop never started)."""
-    result = cli("test", "--model", "center", "--data", "demo", "--model.normalize", "foo", "--out", str(tmp_path))
-    assert (result.returncode, result.stderr) == (2, "error: --model.normalize: expected one of 'minmax', 'max', 'none', got 'foo'\n")
-    assert "Testing" not in result.stdout and not any(tmp_path.iterdir())
+    """The issue's case, end to end: one line, exit 2, and no progress bar (the test loop never started); on the
+    command line (checked before Lightning loads, test_console_runs) and in a --config file (LightningCLI's check)."""
+    config = tmp_path / "model.yaml"
+    config.write_text("model:\n  class_path: xbench_pl.models.baselines.CenterBaseline\n  init_args:\n    normalize: foo\n")
+    out = tmp_path / "out"
+    for given in (["--model", "center", "--model.normalize", "foo"], ["--config", str(config)]):
+        result = in_process("test", *given, "--data", "demo", "--out", str(out))
+        assert (result.returncode, result.stderr) == (2, "error: --model.normalize: expected one of 'minmax', 'max', 'none', got 'foo'\n")
+        assert "Testing" not in result.stdout and not out.exists()
 
 
 def test_score_checks_its_metric_options_while_parsing(capsys, tmp_path):

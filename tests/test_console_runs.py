@@ -45,6 +45,11 @@ def test_help_of_the_commands_without_a_model_loads_neither_lightning_nor_torch(
     (["--model", "center", "--data", "demo", "--out", "/proc/version/out"], "error: --out /proc/version/out: "),
     (["--model", "center", "--data", "demo", "--data.batch_size", "0"], "error: --data.batch_size: must be > 0, got 0"),
     (["--model", "clip", "--data", "demo", "--model.text_batch_size=x"], "error: --model.text_batch_size: expected an int, got 'x'"),
+    # choices: an alias imported from a package whose __init__ loads torchmetrics, a Literal of the signature, a dataset's
+    (["--model", "center", "--data", "demo", "--model.normalize", "foo"],
+     "error: --model.normalize: expected one of 'minmax', 'max', 'none', got 'foo'"),
+    (["--model", "kad", "--data", "demo", "--model.trust_pairs", "some"], "error: --model.trust_pairs: expected one of 'regions', 'all', got 'some'"),
+    (["--model", "center", "--data", "demo", "--data.on_error", "1"], "error: --data.on_error: expected one of 'raise', 'skip', got '1'"),
 ])
 def test_trainer_errors_that_need_no_model_come_before_lightning_loads(args, says):
     for command in ("test", "fit"):

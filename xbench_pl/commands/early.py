@@ -1,9 +1,10 @@
 """What ``test`` and ``fit`` check of their command line before Lightning, torch and the model's code load
 (seconds, more on a busy machine): a ``--model``/``--data`` name that is not registered, a ``--data.root`` that
-is no folder, an ``--out`` that cannot be written, and a number outside its option's range (``--data.batch_size
-0``) end the command at once, in the words of LightningCLI's own checks. The number types are read from the
-classes' signatures in their source (``init_types``), not imported; LightningCLI checks everything again (and
-the rest: choices, paths, files) once the classes are loaded."""
+is no folder, an ``--out`` that cannot be written, a number outside its option's range (``--data.batch_size
+0``) and a value outside its option's choices (``--model.normalize foo``) end the command at once, in the words
+of LightningCLI's own checks. The number types and choices are read from the classes' signatures in their source
+(``init_types``), not imported; LightningCLI checks everything again (and the rest: paths, files) once the
+classes are loaded."""
 
 from __future__ import annotations
 
@@ -32,10 +33,9 @@ def init_types(class_path: str) -> dict[str, str]:
     """Each ``__init__`` argument of ``class_path`` and its annotation's text, the class's own first, then its bases'
     (as ``**kwargs`` passes them on), read from the modules' source (``ast``): nothing is imported but the packages."""
     module, _, name = class_path.rpartition(".")
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    tree = module_tree(module)
+    if tree is None:
         return {}
-    tree = ast.parse(Path(spec.origin).read_text())
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in tree.body
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 for alias in node.names}
@@ -45,12 +45,58 @@ def init_types(class_path: str) -> dict[str, str]:
     for node in classes[name].body:
         if isinstance(node, ast.FunctionDef) and node.name == "__init__":
             arguments = node.args.args + node.args.kwonlyargs
-            types = {a.arg: ast.unparse(a.annotation) for a in arguments if a.annotation is not None}
+            types = {a.arg: literal_alias(ast.unparse(a.annotation), module, imported) for a in arguments
+                     if a.annotation is not None}
     for base in classes[name].bases:
         if isinstance(base, ast.Name):
             inherited = init_types(f"{module}.{base.id}" if base.id in classes else imported.get(base.id, ""))
             types = {**inherited, **types}
     return types
+
+
+def module_tree(module: str) -> ast.Module | None:
+    """The parsed source of ``module`` (a ``.py`` file), or None. Found on its top package's path, not by
+    ``find_spec(module)``, which imports the packages above it (``xbench_pl.metrics`` imports torchmetrics)."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent
+    path = folder.joinpath(*parts[:-1], f"{parts[-1]}.py") if parts else Path(spec.origin)
+    if parts and not path.is_file():
+        path = folder.joinpath(*parts, "__init__.py")
+    return ast.parse(path.read_text()) if path.is_file() and path.suffix == ".py" else None
+
+
+def literal_alias(annotation: str, module: str, imported: dict[str, str]) -> str:
+    """``annotation`` with a name that ``module`` defines, or imports, as ``NAME = Literal[...]`` replaced by that
+    ``Literal[...]`` (``NormalizeMode``: ``Literal['minmax', 'max', 'none']``)."""
+    name = re.sub(r"\s*\|\s*None$", "", annotation)
+    if not name.isidentifier():
+        return annotation
+    home, _, defined = imported.get(name, f"{module}.{name}").rpartition(".")
+    tree = module_tree(home)
+    for node in tree.body if tree is not None else ():
+        if (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [defined]
+                and ast.unparse(node.value).startswith("Literal[")):
+            return annotation.replace(name, ast.unparse(node.value), 1)
+    return annotation
+
+
+def choice_problem(option: str, annotation: str, text: str) -> str | None:
+    """The line for ``option``'s value ``text`` outside its ``Literal[...]`` choices (``annotation``), or None (fine,
+    or no such choice: LightningCLI judges it)."""
+    match = re.fullmatch(r"(?:Optional\[)?Literal\[(.*)\]\]?(\s*\|\s*None)?", annotation.strip())
+    if match is None:
+        return None
+    choices = ast.literal_eval(f"({match.group(1)},)")
+    try:
+        value = yaml.safe_load(text)  # as jsonargparse reads a value
+    except yaml.YAMLError:
+        value = text
+    if value in choices or (value is None and (match.group(2) or annotation.startswith("Optional["))):
+        return None
+    return f"{option}: expected one of {', '.join(map(repr, choices))}, got {text!r}"
 
 
 def number_problem(option: str, annotation: str, text: str) -> str | None:
@@ -103,7 +149,8 @@ def trainer_problem(argv: list[str]) -> str | None:
         types = init_types(registered)
         for key, annotation in types.items():
             text = take_option(argv, f"{flag}.{key}")[0]
-            problem = number_problem(f"{flag}.{key}", annotation, text) if text is not None else None
+            problem = None if text is None else (number_problem(f"{flag}.{key}", annotation, text)
+                                                 or choice_problem(f"{flag}.{key}", annotation, text))
             if problem:
                 return problem
     out = take_option(argv, "--out")[0]
