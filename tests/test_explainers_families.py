@@ -38,8 +38,9 @@ from xbench_pl.models.open_clip_model import OpenCLIPModel
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["Atelectasis", "Pleural Effusion", "Nodule"]
-#: ScoreCAM masks the input once per channel: on a ResNet, a 128-channel layer keeps that to seconds
-SCORECAM_LAYER = {"medklip": "image.layer2.3.conv2", "mavl": "image.layer2.3.conv2", "kad": "image.layer2.3.conv2"}
+#: ScoreCAM masks the input once per channel: on a ResNet, a 128- or 256-channel layer keeps that to seconds (KAD's
+#: tiny model scores every finding alike on layer2's masks, which would leave the findings' maps nothing to tell apart)
+SCORECAM_LAYER = {"medklip": "image.layer2.3.conv2", "mavl": "image.layer2.3.conv2", "kad": "image.layer3.5.conv2"}
 
 
 def write_json(path: Path, config: dict) -> str:
