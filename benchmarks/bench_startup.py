@@ -3,7 +3,7 @@
 ``python -X importtime``), and whether Lightning and torch were imported.
 
 The command lines: every command's ``--help``, the typical early errors (an unknown model or dataset, a
-``--data.root`` that is no folder, an ``--out`` that cannot be written, a bad number), each as a user types
+``--data.root`` that is no folder, an ``--out`` that cannot be written, a bad number or choice), each as a user types
 it, and two whole runs on the demo: ``test`` of the ``center`` baseline (native maps: no explainer library should
 load) writing a prediction store, and ``score`` of that store. Run: ``python benchmarks/bench_startup.py
 [--repeats 3] [--only test] [--repo DIR]`` (``--repo``: another checkout to measure, e.g. an older commit's
@@ -39,6 +39,7 @@ LINES = [
     ("test: --data.root no folder", ["test", "--model", "center", "--data", "nih_bbox", "--data.root", "/no/such/folder"]),
     ("test: --out not writable", ["test", "--model", "center", "--data", "demo", "--out", "/proc/version/out"]),
     ("test: bad number", ["test", "--model", "center", "--data", "demo", "--data.batch_size", "0"]),
+    ("test: bad choice", ["test", "--model", "center", "--data", "demo", "--model.normalize", "foo"]),
     ("test: --data.root not given", ["test", "--model", "center", "--data", "nih_bbox"]),
     ("score: no store", ["score", "--predictions", "/no/such/store"]),
     # whole runs ({work}: a temporary folder; the store of the test run is the one score reads)

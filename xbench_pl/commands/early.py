@@ -9,6 +9,8 @@ classes are loaded."""
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -54,9 +56,11 @@ def init_types(class_path: str) -> dict[str, str]:
     return types
 
 
+@functools.cache
 def module_tree(module: str) -> ast.Module | None:
-    """The parsed source of ``module`` (a ``.py`` file), or None. Found on its top package's path, not by
-    ``find_spec(module)``, which imports the packages above it (``xbench_pl.metrics`` imports torchmetrics)."""
+    """The parsed source of ``module`` (a ``.py`` file), or None; parsed once per process. Found on its top package's
+    path, not by ``find_spec(module)``, which imports the packages above it (``xbench_pl.metrics`` imports
+    torchmetrics)."""
     top, *parts = module.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None:
@@ -72,7 +76,7 @@ def literal_alias(annotation: str, module: str, imported: dict[str, str]) -> str
     """``annotation`` with a name that ``module`` defines, or imports, as ``NAME = Literal[...]`` replaced by that
     ``Literal[...]`` (``NormalizeMode``: ``Literal['minmax', 'max', 'none']``)."""
     name = re.sub(r"\s*\|\s*None$", "", annotation)
-    if not name.isidentifier():
+    if not name.isidentifier() or name in NUMBER_TYPES or hasattr(builtins, name):
         return annotation
     home, _, defined = imported.get(name, f"{module}.{name}").rpartition(".")
     tree = module_tree(home)
