@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.classification import BinaryCalibrationError
 
-from test_cli import cli, in_process
+from test_cli import cli, ddp_ranks, in_process
 from xbench_pl.callbacks.heatmaps import Sample, SampleBook, sample_key
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import BenchmarkMetrics, Recognition
@@ -95,21 +95,22 @@ def test_sample_choice_is_the_same_for_any_split_and_bounded():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same 11-image demo split: without callbacks, with the PNG preset on 1 and on 2 DDP processes,
-    and with the W&B preset (offline); DDP and W&B (which starts its own service) in subprocesses."""
+    and with the W&B preset (offline); DDP (``ddp_ranks``) and W&B (which starts its own service) in subprocesses."""
     tmp = tmp_path_factory.mktemp("callbacks")
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     split = tmp / "split.csv"
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    preset = tmp / "png2.yaml"  # callbacks/png.yaml with 2 samples per finding
-    preset.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
-    png = ["--config", str(preset)]
+    presets = {}  # callbacks/png.yaml and callbacks/wandb.yaml with 2 samples per finding: fewer figures to draw
+    for name in ("png", "wandb"):
+        presets[name] = ["--config", str(tmp / f"{name}2.yaml")]
+        (tmp / f"{name}2.yaml").write_text((REPO / "callbacks" / f"{name}.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
     results = {
         "plain": in_process(*common, "--out", str(tmp / "plain")),
-        "png": in_process(*common, *png, "--out", str(tmp / "png")),
-        "png_ddp": cli(*common, *png, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--out", str(tmp / "png_ddp")),
-        "wandb": cli(*common, "--config", "callbacks/wandb.yaml", "--out", str(tmp / "wandb")),  # W&B's run under --out
+        "png": in_process(*common, *presets["png"], "--out", str(tmp / "png")),
+        "png_ddp": ddp_ranks(*common, *presets["png"], "--out", str(tmp / "png_ddp")),
+        "wandb": cli(*common, *presets["wandb"], "--out", str(tmp / "wandb")),  # W&B's run under --out
     }
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
