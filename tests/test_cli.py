@@ -32,6 +32,12 @@ def cli(*args, timeout=300, **extra):
                           text=True, timeout=timeout)
 
 
+def start(args, **extra) -> subprocess.Popen:
+    """``python -m xbench_pl ARGS`` started in a new process, ``extra`` added to its environment, its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,12 +57,11 @@ def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
     (seconds of imports each) overlap instead of following each other. Exit status: the first non-zero; output: rank
     0's, then rank 1's."""
     environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
-    command = [sys.executable, "-m", "xbench_pl", *args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    ranks = [subprocess.Popen(command, cwd=REPO, env=cli_env(**environment, LOCAL_RANK=str(rank), **extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    args = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    ranks = [start(args, **environment, LOCAL_RANK=str(rank), **extra) for rank in (0, 1)]
     outputs = [rank.communicate(timeout=timeout) for rank in ranks]
     code = next((rank.returncode for rank in ranks if rank.returncode), 0)
-    return subprocess.CompletedProcess(command, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
+    return subprocess.CompletedProcess(ranks[0].args, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:
@@ -92,7 +97,7 @@ def run_sweep_in_process(sweep_file: Path, out: Path) -> int:
 
     def run(command, stdout, stderr, env):
         assert command[:3] == [sys.executable, "-m", "xbench_pl"], command
-        result = in_process(*command[3:], **{name: env[name] for name in ("WANDB_MODE",)})
+        result = in_process(*command[3:], WANDB_MODE=env["WANDB_MODE"])
         stdout.write(result.stdout + result.stderr)
         return result
 

@@ -3,27 +3,18 @@ variables, as a job script sets them) give the metrics.json of one process (this
 subprocesses). 11 images over 2 ranks: an odd split, whose padding copy must not count."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from test_cli import cli_env, free_port, in_process
+from test_cli import free_port, in_process, start
 
 from xbench_pl.data.nih_bbox import DemoDataModule
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def launch(args, **env):
-    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
 
 
 def two_nodes(args: list[str], out: Path) -> None:
     """``test ARGS`` as 2 nodes x 1 process on localhost (``out/node0``, ``out/node1``); both must exit 0."""
     port = str(free_port())
-    nodes = [launch([*args, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--out", str(out / f"node{rank}")],
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
+    nodes = [start([*args, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--out", str(out / f"node{rank}")],
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
              for rank in (0, 1)]
     for rank, node in enumerate(nodes):
         _, err = node.communicate(timeout=300)

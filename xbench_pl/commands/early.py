@@ -87,18 +87,29 @@ def literal_alias(annotation: str, module: str, imported: dict[str, str]) -> str
     return annotation
 
 
+def unwrapped(annotation: str) -> tuple[str, bool]:
+    """``annotation`` without ``Optional[...]`` or ``| None``, and whether it had one (null is then a value)."""
+    inner = re.sub(r"\s*\|\s*None$|^Optional\[(.*)\]$", r"\1", annotation.strip()).strip()
+    return inner, inner != annotation.strip()
+
+
+def yaml_value(text: str):
+    """A command-line value as jsonargparse reads it."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
 def choice_problem(option: str, annotation: str, text: str) -> str | None:
     """The line for ``option``'s value ``text`` outside its ``Literal[...]`` choices (``annotation``), or None (fine,
     or no such choice: LightningCLI judges it)."""
-    match = re.fullmatch(r"(?:Optional\[)?Literal\[(.*)\]\]?(\s*\|\s*None)?", annotation.strip())
+    inner, optional = unwrapped(annotation)
+    match = re.fullmatch(r"Literal\[(.*)\]", inner)
     if match is None:
         return None
-    choices = ast.literal_eval(f"({match.group(1)},)")
-    try:
-        value = yaml.safe_load(text)  # as jsonargparse reads a value
-    except yaml.YAMLError:
-        value = text
-    if value in choices or (value is None and (match.group(2) or annotation.startswith("Optional["))):
+    choices, value = ast.literal_eval(f"({match.group(1)},)"), yaml_value(text)
+    if value in choices or (value is None and optional):
         return None
     return f"{option}: expected one of {', '.join(map(repr, choices))}, got {text!r}"
 
@@ -106,14 +117,12 @@ def choice_problem(option: str, annotation: str, text: str) -> str | None:
 def number_problem(option: str, annotation: str, text: str) -> str | None:
     """The line for ``option``'s value ``text`` outside its number type (``annotation``), or None (fine, or not a
     number type: LightningCLI judges it)."""
-    kind = NUMBER_TYPES.get(re.sub(r"\s*\|\s*None$|^Optional\[(.*)\]$", r"\1", annotation).strip())
+    inner, optional = unwrapped(annotation)
+    kind = NUMBER_TYPES.get(inner)
     if kind is None:
         return None
-    try:
-        value = yaml.safe_load(text)  # as jsonargparse reads a value
-    except yaml.YAMLError:
-        value = text
-    if value is None and annotation != kind.__name__:  # null, where the type is optional
+    value = yaml_value(text)
+    if value is None and optional:
         return None
     expected = "an int" if issubclass(kind, int) else "a float"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (issubclass(kind, int) and isinstance(value, float)):
