@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -33,9 +35,42 @@ def cli(*args, timeout=300, **extra):
 
 
 def start(args, **extra) -> subprocess.Popen:
-    """``python -m xbench_pl ARGS`` started in a new process, ``extra`` added to its environment, its output piped."""
-    return subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """``python -m xbench_pl ARGS`` started in a new process, ``extra`` added to its environment; ``finish`` waits
+    for it. Its output goes to temporary files, not pipes: a rank blocked on a full pipe would stop in a collective,
+    and so would the others."""
+    output = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    process = subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**extra),
+                               stdout=output[0], stderr=output[1], text=True)
+    process.output = output
+    return process
+
+
+def finish(processes: list[subprocess.Popen], timeout=300) -> list[subprocess.CompletedProcess]:
+    """Each ``start``ed process's exit status and output. Once one fails, or ``timeout`` seconds have passed, the
+    others are killed, the reason added to their stderr: a rank whose peer is gone would wait for it for ever."""
+    deadline, reason = time.monotonic() + timeout, ""
+    while any(process.poll() is None for process in processes) and not reason:
+        if any(process.returncode for process in processes):
+            reason = "killed: another process failed"
+        elif time.monotonic() > deadline:
+            reason = f"killed: not done after {timeout} s"
+        time.sleep(0.1)
+    finished = []
+    for process in processes:
+        killed = process.poll() is None
+        if killed:
+            process.kill()
+            process.wait()
+        out, err = (read_and_close(stream) for stream in process.output)
+        finished.append(subprocess.CompletedProcess(process.args, process.returncode, out,
+                                                    err + (f"\n{reason}\n" if killed else "")))
+    return finished
+
+
+def read_and_close(stream) -> str:
+    with stream:
+        stream.seek(0)
+        return stream.read()
 
 
 def free_port() -> int:
@@ -58,10 +93,10 @@ def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
     0's, then rank 1's."""
     environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
     args = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    ranks = [start(args, **environment, LOCAL_RANK=str(rank), **extra) for rank in (0, 1)]
-    outputs = [rank.communicate(timeout=timeout) for rank in ranks]
+    ranks = finish([start(args, **environment, LOCAL_RANK=str(rank), **extra) for rank in (0, 1)], timeout)
     code = next((rank.returncode for rank in ranks if rank.returncode), 0)
-    return subprocess.CompletedProcess(ranks[0].args, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
+    return subprocess.CompletedProcess(ranks[0].args, code, "".join(rank.stdout for rank in ranks),
+                                       "".join(rank.stderr for rank in ranks))
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ subprocesses). 11 images over 2 ranks: an odd split, whose padding copy must not
 import json
 from pathlib import Path
 
-from test_cli import free_port, in_process, start
+from test_cli import finish, free_port, in_process, start
 
 from xbench_pl.data.nih_bbox import DemoDataModule
 
@@ -16,9 +16,8 @@ def two_nodes(args: list[str], out: Path) -> None:
     nodes = [start([*args, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--out", str(out / f"node{rank}")],
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank), WORLD_SIZE="2")
              for rank in (0, 1)]
-    for rank, node in enumerate(nodes):
-        _, err = node.communicate(timeout=300)
-        assert node.returncode == 0, f"node {rank}: {err[-3000:]}"
+    for rank, node in enumerate(finish(nodes)):
+        assert node.returncode == 0, f"node {rank}: {node.stderr[-3000:]}"
 
 
 def eleven_images(tmp_path: Path, accelerator: str) -> list[str]:
