@@ -1,6 +1,7 @@
 """The CLI end to end: in subprocesses where the process itself is tested (DDP inside pytest would re-run
 the whole session), else by ``main`` in this process, which spares the start-up and imports of a new one."""
 
+import atexit
 import io
 import json
 import os
@@ -85,18 +86,82 @@ def lightning_ddp(*args, **extra) -> subprocess.CompletedProcess:
     return cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", **extra)
 
 
+class DDPPair:
+    """Two DDP ranks (``tests/ddp_worker.py``) kept for the session, started at once as torchrun starts them: each has
+    the variables Lightning's launcher gives a rank (``LOCAL_RANK`` and the ``MASTER_ADDR``/``MASTER_PORT``/
+    ``NODE_RANK``/``WORLD_SIZE`` rank 0 also reads). Each run is a command line both ranks run by ``main``; the start-up
+    (seconds of imports) and the process group are paid once. Started on first use, and afresh after a run that
+    failed or ran out of time: its ranks are killed, as a rank whose peer failed may wait in a collective for ever."""
+
+    def __init__(self):
+        self.ranks: list[subprocess.Popen] = []
+        self.inbox, self.sent = Path(), 0
+
+    def start(self) -> None:
+        self.inbox, self.sent = Path(tempfile.mkdtemp(prefix="xbench-ddp-pair-")), 0
+        environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
+        for rank in (0, 1):
+            with open(self.inbox / f"rank{rank}.log", "w") as log:
+                self.ranks.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "ddp_worker.py"), str(self.inbox)],
+                                                   cwd=REPO, env=cli_env(**environment, LOCAL_RANK=str(rank)),
+                                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log))
+
+    def send(self, command) -> int:
+        number, self.sent = self.sent, self.sent + 1
+        (self.inbox / ".request").write_text(json.dumps(command))
+        (self.inbox / ".request").rename(self.inbox / f"{number}.json")
+        return number
+
+    def run(self, args: list[str], timeout: float, environ: dict) -> subprocess.CompletedProcess:
+        if not self.ranks:
+            self.start()
+        number = self.send({"args": args, "environ": environ})
+        answers = [self.inbox / f"{number}.rank{rank}.json" for rank in (0, 1)]
+        deadline, problem = time.monotonic() + timeout, ""
+        while not all(answer.exists() for answer in answers):
+            if any(answer.exists() and json.loads(answer.read_text())["returncode"] for answer in answers):
+                problem = "killed: the other rank failed"
+            elif any(rank.poll() is not None for rank in self.ranks):
+                problem = "killed: the other rank's process ended"
+            elif time.monotonic() > deadline:
+                problem = f"killed: not done after {timeout} s"
+            if problem:
+                break
+            time.sleep(0.05)
+        results = [json.loads(answer.read_text()) if answer.exists() else
+                   {"returncode": -9, "stdout": "", "stderr": read_tail(self.inbox / f"rank{rank}.log") + problem + "\n"}
+                   for rank, answer in enumerate(answers)]
+        code = next((result["returncode"] for result in results if result["returncode"]), 0)
+        if code:
+            self.stop(kill=True)
+        return subprocess.CompletedProcess(["xbench_pl", *args], code, "".join(r["stdout"] for r in results),
+                                           "".join(r["stderr"] for r in results))
+
+    def stop(self, kill=False) -> None:
+        """Ask the ranks to end (``kill``: end them now), and wait for them."""
+        if self.ranks and not kill:
+            self.send(None)
+        for rank in self.ranks:
+            try:
+                rank.wait(timeout=0 if kill else 10)
+            except subprocess.TimeoutExpired:
+                rank.kill()
+                rank.wait()
+        self.ranks = []
+
+
+def read_tail(path: Path, characters=3000) -> str:
+    return path.read_text()[-characters:] if path.exists() else ""
+
+
+DDP_PAIR = DDPPair()
+atexit.register(DDP_PAIR.stop)
+
+
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
-    """``lightning_ddp(*args)`` with both ranks started at once: rank 1 is the same command line with the variables
-    Lightning's launcher gives it (``LOCAL_RANK=1`` and the ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK``/
-    ``WORLD_SIZE`` that rank 0 also reads), as torchrun starts them. The same two processes, but their start-ups
-    (seconds of imports each) overlap instead of following each other. Exit status: the first non-zero; output: rank
-    0's, then rank 1's."""
-    environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
-    args = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    ranks = finish([start(args, **environment, LOCAL_RANK=str(rank), **extra) for rank in (0, 1)], timeout)
-    code = next((rank.returncode for rank in ranks if rank.returncode), 0)
-    return subprocess.CompletedProcess(ranks[0].args, code, "".join(rank.stdout for rank in ranks),
-                                       "".join(rank.stderr for rank in ranks))
+    """``lightning_ddp(*args)`` on the session's two DDP ranks (``DDPPair``), ``extra`` added to their environment
+    meanwhile. Exit status: the first non-zero; output: rank 0's, then rank 1's."""
+    return DDP_PAIR.run([*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"], timeout, extra)
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:

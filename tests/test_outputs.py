@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,8 +64,27 @@ def test_the_check_names_the_reason_and_leaves_nothing_behind(tmp_path, monkeypa
         return write_bytes(self, data)
 
     monkeypatch.setattr(Path, "write_bytes", denied_in_store)
+    (tmp_path / "store").mkdir()
     with pytest.raises(OutputError, match=rf"^--predictions {tmp_path / 'store'}: cannot write there: permission denied; "):
         check_writable({"--out": tmp_path, "--predictions": tmp_path / "store"})
+    with pytest.raises(OutputError, match=rf"^--out {tmp_path / 'store' / 'new'}: cannot write there: permission denied "
+                                          rf"\({tmp_path / 'store'}\); "):
+        check_writable({"--out": tmp_path / "store" / "new"})  # it would be created in store
+
+
+def test_ranks_started_at_once_check_the_same_new_out_without_tripping_on_each_other(tmp_path):
+    """torchrun and SLURM start every rank at once, and each checks ``--out`` before Lightning loads: one rank's
+    probe folder must not make another's check fail ("file exists", "directory not empty")."""
+    loop = ("import sys, time; from pathlib import Path; from xbench_pl.outputs import check_writable\n"
+            "base = Path(sys.argv[1])\n"
+            "while not (base / 'go').exists(): time.sleep(0.001)\n"
+            "for i in range(300): check_writable({'--out': base / f'run{i}' / 'out'})\n")
+    ranks = [subprocess.Popen([sys.executable, "-c", loop, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    time.sleep(1)
+    (tmp_path / "go").touch()
+    errors = [rank.communicate(timeout=60)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(error[-1500:] for error in errors)
 
 
 def test_every_command_checks_its_out_first(tmp_path, a_file, capsys):

@@ -30,29 +30,22 @@ class OutputError(ValueError):
 
 
 def _write_problem(folder: Path) -> str | None:
-    """Why ``folder`` cannot be written, or None. Missing folders are created for the probe and removed
-    again, so a check leaves nothing behind."""
+    """Why ``folder`` cannot be written, or None. A probe file is written and removed in it or, while it is
+    missing, in the nearest folder above it that exists (where the run will create it). Nothing else is created:
+    a check leaves nothing behind, and ranks started at once (torchrun, SLURM) checking one new folder cannot
+    trip on each other's probes."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         return "it is a file, not a folder" if existing == folder else f"cannot create it: {existing} is a file, not a folder"
-    missing = [folder, *folder.parents][: len(folder.parts) - len(existing.parts)]
-    created = []
+    probe = existing / f".xbench-write-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        for part in reversed(missing):
-            part.mkdir()
-            created.append(part)
-        probe = folder / f".xbench-write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
-        named = Path(error.filename) if error.filename else folder
-        where = "" if folder in (named, named.parent) else f" ({named})"  # a parent that could not be created
+        where = "" if existing == folder else f" ({existing})"  # a folder above it, where it would be created
         return f"cannot write there: {(error.strerror or str(error)).lower()}{where}"
-    finally:
-        for part in reversed(created):
-            part.rmdir()
     return None
 
 

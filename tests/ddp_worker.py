@@ -1,0 +1,45 @@
+"""One rank of the DDP pair the tests keep (``test_cli.DDPPair``): it starts once, joins the process group with the
+first run, and then runs each command line the tests put in its inbox by ``main`` in this process, as ``in_process``
+runs them in the test process. The process group and the start-up are paid once a session, not once a run.
+
+Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``, or ``null`` to stop) for
+N = 0, 1, ...; rank R answers ``N.rank<R>.json`` (``{"returncode", "stdout", "stderr"}``), each file written under a
+temporary name and renamed. A rank stops when its parent (the test session) is gone."""
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from test_cli import in_process
+
+
+def answer(inbox: Path, name: str, result: dict) -> None:
+    partial = inbox / f".{name}.partial"
+    partial.write_text(json.dumps(result))
+    partial.rename(inbox / name)
+
+
+def main(inbox: Path) -> None:
+    rank, parent = os.environ["LOCAL_RANK"], os.getppid()
+    for number in range(sys.maxsize):
+        request = inbox / f"{number}.json"
+        while not request.exists():
+            if os.getppid() != parent:
+                return
+            time.sleep(0.02)
+        command = json.loads(request.read_text())
+        if command is None:
+            return
+        try:
+            run = in_process(*command["args"], **command["environ"])
+            result = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
+        except BaseException:  # noqa: BLE001 - the test that sent it reads the traceback
+            result = {"returncode": 1, "stdout": "", "stderr": traceback.format_exc()}
+        answer(inbox, f"{number}.rank{rank}.json", result)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
