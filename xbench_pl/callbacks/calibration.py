@@ -125,8 +125,11 @@ def _fmt(value) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
+PLOT_MARGINS = (0.75, 0.5, 0.2, 0.42)  # inches: tick labels (0.0-1.0, counts) and an axis label; a two-line title
+
+
 def plot_threshold(title: str, thresholds: list, dice: list, iou: list, fixed: float, tau_best, n_regions: int):
-    fig = new_figure(4.6, 3.4)
+    fig = new_figure(4.6, 3.4, PLOT_MARGINS)
     ax = fig.add_subplot()
     nan = float("nan")
     ax.plot(thresholds, [nan if v is None else v for v in dice], color="tab:blue", label="Dice")
@@ -147,7 +150,7 @@ def plot_threshold(title: str, thresholds: list, dice: list, iou: list, fixed: f
 
 
 def plot_threshold_all(title: str, thresholds: list, curves: dict, tau_best: dict, fixed: float):
-    fig = new_figure(5.2, 3.6)
+    fig = new_figure(5.2, 3.6, PLOT_MARGINS)
     ax = fig.add_subplot()
     for finding, c in curves.items():
         line, = ax.plot(thresholds, [float("nan") if v is None else v for v in c["dice"]], linewidth=1.2, label=finding)
@@ -165,8 +168,8 @@ def plot_threshold_all(title: str, thresholds: list, curves: dict, tau_best: dic
 def plot_reliability(title: str, edges: list, bins: dict, ece, counted: str):
     """The reliability diagram over the histogram of what its bins hold (``counted``: images of one finding,
     or (image, finding) pairs when pooled)."""
-    fig = new_figure(4.6, 4.2)
-    ax, counts = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    fig = new_figure(4.6, 4.2, PLOT_MARGINS)
+    ax, counts = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1], gridspec_kw={"hspace": 0.3})
     widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
     filled = [i for i, n in enumerate(bins["count"]) if n]
     ax.bar([edges[i] for i in filled], [bins["accuracy"][i] for i in filled], width=[widths[i] for i in filled],
@@ -180,5 +183,6 @@ def plot_reliability(title: str, edges: list, bins: dict, ece, counted: str):
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     counts.bar(edges[:-1], bins["count"], width=widths, align="edge", color="gray", edgecolor="black", linewidth=0.5)
-    counts.set(xlim=(0, 1), xlabel="recognition score (bin)", ylabel=f"{counted}\nper bin")
+    counts.set(xlim=(0, 1), xlabel="recognition score (bin)", ylabel="count")
+    counts.set_title(f"{counted} per bin", fontsize=8, loc="left")
     return fig

@@ -23,6 +23,7 @@ import csv
 import hashlib
 import heapq
 import io
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,6 +180,9 @@ class SaliencySamples(L.Callback):
         close_own(trainer, outputs)
 
 
+TITLE_CHARACTER, TITLE_LINE = 0.06, 0.125  # inches: a 7-point character's width (at most, near enough) and line
+
+
 def render_sample(sample: Sample, caption: str, normalize: str = "minmax", display_size: int = 384) -> bytes:
     """One sample (see the module docstring) drawn as a PNG."""
     height, width = sample.original_size
@@ -191,7 +195,12 @@ def render_sample(sample: Sample, caption: str, normalize: str = "minmax", displ
     e = sample.saliency.shape[0]
     extent = (0, width, height, 0)  # eval grid -> original pixel frame (anisotropic for non-square images)
     scale = display_size / max(height, width)
-    fig = new_figure(max(2.5, width * scale / 100) + 0.6, max(2.5, height * scale / 100) + 0.35)
+    shown_width, shown_height = max(2.5, width * scale / 100), max(2.5, height * scale / 100)  # inches
+    ties = int(maximal.sum())
+    title = textwrap.wrap(caption + (f" | {ties} tied peak px" if ties > 1 else ""), int((shown_width + 0.7) / TITLE_CHARACTER),
+                          break_long_words=False)
+    top = 0.08 + TITLE_LINE * len(title)
+    fig = new_figure(shown_width + 0.7, shown_height + 0.05 + top, (0.05, 0.05, 0.65, top))  # right: the colour bar
     ax = fig.add_subplot()
     ax.imshow(sample.image, cmap="gray", vmin=0, vmax=255, extent=extent, interpolation="bilinear")
     overlay = ax.imshow(shown, cmap="jet", alpha=0.45, vmin=0, vmax=1, extent=extent, interpolation="bilinear")
@@ -199,12 +208,11 @@ def render_sample(sample: Sample, caption: str, normalize: str = "minmax", displ
     centres_y = (np.arange(e) + 0.5) * height / e
     if sample.region.any():
         ax.contour(centres_x, centres_y, sample.region.astype(np.float32), levels=[0.5], colors=["lime"], linewidths=1.5)
-    ties = int(maximal.sum())
     ax.plot(centres_x[peak_x], centres_y[peak_y], marker="*", markersize=16, markerfacecolor="white",
             markeredgecolor="black", linestyle="none")
     ax.set_axis_off()
-    fig.colorbar(overlay, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=7)
-    parts = caption.split(" | ")
-    title = " | ".join(parts[:4]) + "\n" + " | ".join(parts[4:]) + (f" | {ties} tied peak px" if ties > 1 else "")
-    ax.set_title(title, fontsize=7)
+    bar = fig.add_axes(((shown_width + 0.15) / fig.get_figwidth(), 0.05 / fig.get_figheight(), 0.12 / fig.get_figwidth(),
+                        shown_height / fig.get_figheight()))
+    fig.colorbar(overlay, cax=bar).ax.tick_params(labelsize=7)
+    ax.set_title("\n".join(title), fontsize=7)
     return figure_png(fig, dpi=100)
