@@ -230,5 +230,5 @@ def test_scatter_markers_are_not_cut_and_stacked_points_show(report, tmp_path):
 def test_reliability_histogram_says_what_it_counts():
     bins = {"count": [3, 0, 5, 2], "confidence": [0.1, None, 0.6, 0.9], "accuracy": [0.0, None, 0.4, 1.0]}
     figure = plot_reliability("m | d | all findings pooled", [0, 0.25, 0.5, 0.75, 1], bins, 0.1,
-                              counted="(image, finding)\npairs")
-    assert figure.axes[1].get_ylabel() == "(image, finding)\npairs\nper bin"
+                              counted="(image, finding) pairs")
+    assert figure.axes[1].get_title(loc="left") == "(image, finding) pairs per bin"

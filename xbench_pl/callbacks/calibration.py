@@ -102,7 +102,7 @@ class CalibrationPlots(L.Callback):
             if reliability:
                 bins = pooled_bins([c["reliability"] for c in curves["classes"].values()])
                 fig = plot_reliability(f"{name} | {dataset} | all findings pooled", curves["bin_edges"], bins, ece_of_bins(bins),
-                                       counted="(image, finding)\npairs")
+                                       counted="(image, finding) pairs")
                 reliability.insert(0, outputs.write(folder / "reliability_all.png", figure_png(fig)))
             self.written += [*written, *threshold, *reliability]
             if logger is not None:
