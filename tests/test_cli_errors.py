@@ -6,6 +6,7 @@ which is fast."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import get_args
 
@@ -15,7 +16,8 @@ import torch
 from PIL import Image
 from test_cli import cli, in_process
 
-from xbench_pl.commands import COMMANDS, SUMMARIES, TRAINER_COMMANDS, main
+from xbench_pl.commands import COMMANDS, DEBUG_ENV, SUMMARIES, TRAINER_COMMANDS, main
+from xbench_pl.data.errors import DataError
 
 
 @pytest.fixture
@@ -37,15 +39,17 @@ def run(capsys, *argv):
     return code, captured.out, captured.err
 
 
-def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path):
+def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path, monkeypatch):
     missing = cli("test", "--model", "clip", "--model.checkpoint", str(tmp_path / "ViT-B-16.pt"), "--data", "demo")
     assert (missing.returncode, missing.stderr) == (2, f"error: --model.checkpoint: not found: {tmp_path / 'ViT-B-16.pt'}\n")
     bad_value = in_process("test", "--model", "center", "--model.sigma", "abc", "--data", "demo")
     assert (bad_value.returncode, bad_value.stderr) == (2, "error: --model.sigma: expected a float, got 'abc'\n")
-    # --debug shows the traceback instead
-    debug = cli("test", "--model", "center", "--data", "nih_bbox", "--debug")
-    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.rstrip().endswith("DataError: --data.root: nih_bbox root not set: give the folder holding BBox_List_2017.csv and the images*/ folders of PNGs")
+    # --debug lets the error through instead, which Python prints as a traceback (exit status 1)
+    monkeypatch.setenv(DEBUG_ENV, "")  # main sets it to 1 for DDP ranks; the fixture's undo removes it
+    with pytest.raises(DataError, match=r"^--data.root: nih_bbox root not set: give the folder holding "
+                                        r"BBox_List_2017.csv and the images\*/ folders of PNGs$"):
+        main(["test", "--model", "center", "--data", "nih_bbox", "--debug"])
+    assert os.environ[DEBUG_ENV] == "1"
 
 
 @pytest.mark.parametrize("argv, line", [
