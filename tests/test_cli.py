@@ -5,6 +5,7 @@ import atexit
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,7 +139,7 @@ class DDPPair:
                                            "".join(r["stderr"] for r in results))
 
     def stop(self, kill=False) -> None:
-        """Ask the ranks to end (``kill``: end them now), and wait for them."""
+        """Ask the ranks to end (``kill``: end them now), wait for them and remove their inbox."""
         if self.ranks and not kill:
             self.send(None)
         for rank in self.ranks:
@@ -147,6 +148,8 @@ class DDPPair:
             except subprocess.TimeoutExpired:
                 rank.kill()
                 rank.wait()
+        if self.ranks:
+            shutil.rmtree(self.inbox, ignore_errors=True)
         self.ranks = []
 
 
