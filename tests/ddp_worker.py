@@ -3,8 +3,8 @@ first run, and then runs each command line the tests put in its inbox by ``main`
 runs them in the test process. The process group and the start-up are paid once a session, not once a run.
 
 Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``, or ``null`` to stop) for
-N = 0, 1, ...; rank R answers ``N.rank<R>.json`` (``{"returncode", "stdout", "stderr"}``), each file written under a
-temporary name and renamed. A rank stops when its parent (the test session) is gone."""
+N = 0, 1, ...; rank R answers ``N.rank<R>.json`` (``{"returncode", "stdout", "stderr"}``), each file written whole
+(``outputs.atomic_write``). A rank stops when its parent (the test session) is gone."""
 
 import json
 import os
@@ -15,11 +15,7 @@ from pathlib import Path
 
 from test_cli import in_process
 
-
-def answer(inbox: Path, name: str, result: dict) -> None:
-    partial = inbox / f".{name}.partial"
-    partial.write_text(json.dumps(result))
-    partial.rename(inbox / name)
+from xbench_pl.outputs import atomic_write
 
 
 def main(inbox: Path) -> None:
@@ -38,7 +34,7 @@ def main(inbox: Path) -> None:
             result = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
         except BaseException:  # noqa: BLE001 - the test that sent it reads the traceback
             result = {"returncode": 1, "stdout": "", "stderr": traceback.format_exc()}
-        answer(inbox, f"{number}.rank{rank}.json", result)
+        atomic_write(inbox / f"{number}.rank{rank}.json", json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from unittest import mock
 from xbench_pl.commands import main
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import metric_keys
+from xbench_pl.outputs import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = set(metric_keys()) | {"n_pos", "n_neg", "n_regions"}
@@ -109,8 +110,7 @@ class DDPPair:
 
     def send(self, command) -> int:
         number, self.sent = self.sent, self.sent + 1
-        (self.inbox / ".request").write_text(json.dumps(command))
-        (self.inbox / ".request").rename(self.inbox / f"{number}.json")
+        atomic_write(self.inbox / f"{number}.json", json.dumps(command))
         return number
 
     def run(self, args: list[str], timeout: float, environ: dict) -> subprocess.CompletedProcess:
