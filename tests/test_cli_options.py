@@ -1,10 +1,11 @@
 """Option values are checked while parsing, before anything is built, and each error names its option;
 options are spelled out in full; every command's help lists its options (registered models and
-datasets included) without docstring markup, and the help of the commands without a Trainer starts
-without Lightning."""
+datasets included) without docstring markup, and every command's help starts without Lightning (that of test and
+fit lists the options of their parser)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import pytest
 from test_cli import REPO, in_process
 
 from xbench_pl.commands import SUMMARIES, TRAINER_COMMANDS, main
-from xbench_pl.commands.trainer import XBenchCLI
+from xbench_pl.commands.trainer import XBenchCLI, run_trainer
+from xbench_pl.commands.trainer_help import trainer_help
 from xbench_pl.registry import available
 
 
@@ -127,12 +129,33 @@ def test_help_of_a_registered_name_shows_its_class_options(capsys, argv, shown, 
 
 def test_trainer_help_describes_the_command_and_lists_registered_names(capsys):
     for command in TRAINER_COMMANDS:
-        with pytest.raises(SystemExit) as exited:
-            main([command, "--help"])
-        out = " ".join(capsys.readouterr().out.split())
-        assert exited.value.code == 0 and SUMMARIES[command] in out
+        code, out, err = run(capsys, command, "--help")
+        out = " ".join(out.split())
+        assert (code, err) == (0, "") and SUMMARIES[command] in out
         assert all(name in out for name in available("models") + available("data"))
         assert "``" not in out and ":class:`" not in out
+
+
+def listed_options(text: str) -> set[str]:
+    """The options a help lists (the first spelling of each; a Trainer option's ``.help``, which only class-valued
+    options have, and ``--model.ARG``, which stands for the model's options, left out)."""
+    options = set(re.findall(r"^  (-[-\w.]+)", text, re.M))
+    return {o for o in options if not (o.startswith("--trainer.") and o.endswith(".help"))
+            and not re.search(r"\.[A-Z]+$", o)}
+
+
+@pytest.mark.parametrize("command", TRAINER_COMMANDS)
+def test_quick_trainer_help_lists_the_options_of_the_parser_with_our_defaults(capsys, command):
+    """``test --help`` is rendered without Lightning (``trainer_help``): the options are those the parser lists."""
+    with pytest.raises(SystemExit) as exited:
+        run_trainer(command, ["--help"], from_command_line=False)
+    parsers = capsys.readouterr().out
+    quick = trainer_help(command)
+    assert exited.value.code == 0 and len(listed_options(parsers)) > 50
+    assert listed_options(quick) == listed_options(parsers)
+    flat = " ".join(quick.split())
+    assert re.search(r"--trainer\.devices DEVICES .*?default: 1\)", flat)
+    assert re.search(r"--weights_only \{true,false,null\} .*?default: true\)", flat)  # ours (VERB_DEFAULTS), not Lightning's
 
 
 @pytest.mark.parametrize("argv, options", [
@@ -151,9 +174,9 @@ def test_help_of_the_other_commands_lists_their_options(capsys, argv, options):
 
 
 def test_help_starts_without_lightning():
-    """The dispatcher's help and the help of every command without a Trainer import no Lightning: one fresh
+    """The dispatcher's help and the help of every command, test and fit included, import no Lightning: one fresh
     process shows them one after the other, saying after each whether Lightning was imported so far."""
-    commands = [[], *[[c] for c in SUMMARIES if c not in TRAINER_COMMANDS], ["score", "--maps", "DIR"]]
+    commands = [[], *[[c] for c in SUMMARIES], ["score", "--maps", "DIR"]]
     probe = ("import sys\nfrom xbench_pl.commands import main\n"
              f"for command in {commands!r}:\n"
              "    try:\n        code = main([*command, '--help'])\n"

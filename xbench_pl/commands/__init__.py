@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
-    if command in TRAINER_COMMANDS:  # before Lightning loads: the errors that need no model come at once; pulled files
+    if command in TRAINER_COMMANDS:  # before Lightning loads: help, the errors that need no model come at once; pulled files
+        from xbench_pl.commands.trainer_help import trainer_help, wants_quick_help
+
+        if wants_quick_help(rest):
+            print(trainer_help(command))
+            return 0
         from xbench_pl.commands.early import Released, released_weights, trainer_problem
 
         problem = trainer_problem(rest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 PROG = "python -m xbench_pl"
 #: the Lightning Trainer verbs (``trainer.XBenchCLI`` subcommands)
@@ -20,6 +21,35 @@ SUMMARIES = {
     "weights": "weights list|pull|verify: the registered models' released weights, fetched by name into one cache",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
+
+
+#: ``test``/``fit``'s own options beside the model's, the data's and the Trainer's: name -> (type, default, help)
+RUN_OPTIONS = {
+    "out": (str, "results", "folder for metrics.json and metrics.md"),
+    "model_name": (Optional[str], None, "the model's name in the report (default: the --model value as given)"),
+    "predictions": (Optional[str], None, "prediction store folder: save every score and native-grid map as the run goes "
+                                         "(re-score with: score --predictions DIR)"),
+    "resume": (bool, False, "continue the --predictions store of an interrupted run: skip the images it holds"),
+    "predictions_dtype": (str, "float16", "dtype of the stored maps: float16 (half the size) or float32 (bit-identical "
+                                          "re-scoring)"),
+    "predictions_shard_images": (int, 64, "images of one dataset per shard and rank (a crash loses at most these)"),
+    "columns": (Optional[str], None, "the printed table's columns: all, or KEY,KEY,... (default: the README's eight and "
+                                     "n_regions; metrics.md and metrics.json keep every column)"),
+}
+#: run options that set a Trainer argument (callbacks write under the trainer's default_root_dir: the run's --out)
+LINKED_OPTIONS = {"out": "trainer.default_root_dir"}
+SEED_DEFAULT = 0
+TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
+#: trainable parameters are counted in the closing lines, not in Lightning's model summary
+FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
+#: our defaults of the Trainer verb's own arguments: no Lightning metric table; a --ckpt_path is read with
+#: torch.load(weights_only=True), tensors and plain data only (the project's stance on weights files)
+VERB_DEFAULTS = {"test": {"verbose": False, "weights_only": True}, "fit": {"weights_only": True}}
+#: the end of ``test --help`` and ``fit --help``
+NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
+              "Explainers of the maps (--model.explainer NAME): {explainers}. A model's options, the explainers "
+              "it takes among them: --model.help NAME (a dataset's options: --data.help NAME).")
 
 
 def plain(text: str) -> str:

@@ -30,7 +30,9 @@ from typing import Literal, Optional, get_args
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, datamodule_problems, is_name, take_option
+from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
+                                         SEED_DEFAULT, SUMMARIES, TRAINER_COMMANDS, TRAINER_DEFAULTS, VERB_DEFAULTS,
+                                         datamodule_problems, is_name, take_option)
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import is_rank_zero, say
@@ -42,18 +44,10 @@ from xbench_pl.outputs import OutputFolder, check_writable, write_results
 from xbench_pl.registry import RENAMED_ARGS, available, class_path, config_path, renamed_args, renamed_key, resolve_class
 from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
-#: the end of ``test --help`` and ``fit --help``
-NAMES_HELP = ("Registered models (--model NAME): {models}. Registered datasets (--data NAME): {data}. "
-              "Explainers of the maps (--model.explainer NAME): {explainers}. A model's options, the explainers "
-              "it takes among them: --model.help NAME (a dataset's options: --data.help NAME).")
-TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
 #: ``--ckpt_path`` values that Lightning resolves itself (not a file)
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 #: the Trainer's hardware options, in the order Lightning's ``_AcceleratorConnector`` resolves them
 HARDWARE_OPTIONS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
-#: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
-#: trainable parameters are counted in the closing lines, not in Lightning's model summary
-FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
 #: options of ``fit`` alone, left out of the ``test`` command a fit prints for its checkpoint
 FIT_ONLY = ("--model.trainable", "--model.lr", "--model.weight_decay", "--data.val_fraction", "--data.split_seed",
             "--data.fit_split")
@@ -248,23 +242,10 @@ class XBenchCLI(LightningCLI):
                 "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
-        parser.add_argument("--model_name", type=Optional[str], default=None,
-                            help="the model's name in the report (default: the --model value as given)")
-        parser.add_argument("--predictions", type=Optional[str], default=None,
-                            help="prediction store folder: save every score and native-grid map as the run goes "
-                                 "(re-score with: score --predictions DIR)")
-        parser.add_argument("--resume", type=bool, default=False,
-                            help="continue the --predictions store of an interrupted run: skip the images it holds")
-        parser.add_argument("--predictions_dtype", type=str, default="float16",
-                            help="dtype of the stored maps: float16 (half the size) or float32 (bit-identical re-scoring)")
-        parser.add_argument("--predictions_shard_images", type=int, default=64,
-                            help="images of one dataset per shard and rank (a crash loses at most these)")
-        parser.add_argument("--columns", type=Optional[str], default=None,
-                            help="the printed table's columns: all, or KEY,KEY,... (default: the README's eight "
-                                 "and n_regions; metrics.md and metrics.json keep every column)")
-        # callbacks (heatmaps, calibration plots) write under the trainer's default_root_dir: the run's --out
-        parser.link_arguments("out", "trainer.default_root_dir")
+        for name, (kind, default, text) in RUN_OPTIONS.items():
+            parser.add_argument(f"--{name}", type=kind, default=default, help=text)
+        for source, target in LINKED_OPTIONS.items():
+            parser.link_arguments(source, target)
 
     def parse_arguments(self, parser, args) -> None:
         """Then, before any model or data is built (and before Lightning reads ``--ckpt_path``): the Trainer's
@@ -436,14 +417,11 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
 
     wandb_defaults()  # a WandbLogger runs offline and quiet unless WANDB_* say otherwise (sync later: wandb sync)
     resolved = resolve_names(argv)
-    # our defaults, first so that an explicit option or --config overrides them: no Lightning metric table;
-    # a --ckpt_path is read with torch.load(weights_only=True), tensors and plain data only (the project's
-    # stance on weights files; LightningCLI reads the file so before any option applies, so a pickled
-    # object is refused whatever --weights_only says)
-    resolved = ["--weights_only", "true", *resolved]
+    # our defaults (VERB_DEFAULTS), first so that an explicit option or --config overrides them; LightningCLI reads a
+    # --ckpt_path before any option applies, so a pickled object is refused whatever --weights_only says
+    resolved = [*(x for name, value in VERB_DEFAULTS[command].items() for x in (f"--{name}", str(value).lower())), *resolved]
     if command == "test":  # a fit checkpoint's callbacks (checkpointing, progress) have no part in a test
         warnings.filterwarnings("ignore", message=r".*Be aware that when using `ckpt_path`, callbacks used to create")
-        resolved = ["--verbose", "false", *resolved]
     if from_command_line:  # DDP re-launches this command line in every rank; give them the resolved one
         sys.argv[1:] = [command, *resolved]
     XBenchCLI(
@@ -453,7 +431,7 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
         subclass_mode_data=True,
         args=None if from_command_line else [command, *resolved],
         trainer_defaults=FIT_TRAINER_DEFAULTS if command == "fit" else TRAINER_DEFAULTS,
-        seed_everything_default=0,
+        seed_everything_default=SEED_DEFAULT,
         save_config_callback=None,
         parser_class=XBenchArgumentParser,
         parser_kwargs={"description": SUMMARIES[command],
