@@ -32,7 +32,8 @@ from xbench_pl import create_datamodule, create_model
 from xbench_pl.data.base import Record, XBenchDataset
 from xbench_pl.data.regions import Box
 from xbench_pl.outputs import atomic_write
-from xbench_pl.predictions import LEGACY_MAGIC, Replayer, encode_shard, replay
+from xbench_pl.prediction_store import LEGACY_MAGIC, encode_shard
+from xbench_pl.predictions import Replayer, replay
 
 FINDINGS = [f"finding_{i}" for i in range(10)]
 

@@ -6,7 +6,7 @@ under new ids into an NIH-format folder (``make_dataset``; score reads only the 
 
 * ``score --boxes``: the ground-truth boxes as a box file (``image_id,finding,x_min,y_min,x_max,y_max``);
 * ``score --maps``: one seeded ``--map_side``² ``.npy`` map per (image, finding) and a ``scores.csv``;
-* ``export``: a prediction store of the same maps written with ``predictions.Store`` (squash: the maps
+* ``export``: a prediction store of the same maps written with ``prediction_store.Store`` (squash: the maps
   span the whole image), exported ``--to cheXlocalize`` as it is and resampled (``--size``, the eval grid).
 
 ``--eval_size`` (default 128) and ``--bootstrap 0`` (default) keep 1,000 images feasible on 2 cores; the memory of a metric update is
@@ -58,7 +58,7 @@ def write_maps(data: Path, folder: Path, classes: list[str], side: int) -> Path:
 
 def write_store(data: Path, folder: Path, classes: list[str], side: int, eval_size: int, shard_images: int = 64) -> Path:
     from xbench_pl.geometry import Preprocess
-    from xbench_pl.predictions import Store
+    from xbench_pl.prediction_store import Store
 
     preprocess, store, rng = Preprocess("squash", side * 4), Store(folder), torch.Generator().manual_seed(0)
     store.write_manifest({"format": 2, "config": {"data": {"init_args": {"eval_size": eval_size}}}})

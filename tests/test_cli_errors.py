@@ -40,7 +40,7 @@ def run(capsys, *argv):
 
 
 def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path, monkeypatch):
-    missing = cli("test", "--model", "clip", "--model.checkpoint", str(tmp_path / "ViT-B-16.pt"), "--data", "demo")
+    missing = in_process("test", "--model", "clip", "--model.checkpoint", str(tmp_path / "ViT-B-16.pt"), "--data", "demo")
     assert (missing.returncode, missing.stderr) == (2, f"error: --model.checkpoint: not found: {tmp_path / 'ViT-B-16.pt'}\n")
     bad_value = in_process("test", "--model", "center", "--model.sigma", "abc", "--data", "demo")
     assert (bad_value.returncode, bad_value.stderr) == (2, "error: --model.sigma: expected a float, got 'abc'\n")

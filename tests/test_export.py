@@ -6,13 +6,14 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from test_console_runs import imported
 from test_predictions import run_test, shard_of
 
 from xbench_pl.commands import main
 from xbench_pl.exports import infer_preprocess
 from xbench_pl.external_maps import _MapUnpickler
 from xbench_pl.geometry import Preprocess
-from xbench_pl.predictions import StoreError
+from xbench_pl.prediction_store import StoreError
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,18 @@ def test_npy_export_then_score_maps_gives_score_predictions_exactly(half_store, 
     assert scores[0] == "image_id,finding,score" and len(scores) == 1 + 12 * 8
     assert len(list((tmp_path / "npy").glob("*/*.npy"))) == 12 * 8
     assert score_maps(tmp_path / "npy", tmp_path / "scored") == expected  # every table, every number
+
+
+def test_export_and_store_upgrade_load_neither_lightning_nor_the_metrics(half_store, tmp_path):
+    """They read and write store files only (``prediction_store``): a fresh process imports no Lightning, no
+    torchmetrics and no model or dataset class."""
+    store, _ = half_store
+    for command in (["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
+                    ["store", "upgrade", str(store)]):
+        run, modules = imported(*command)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "torch" in modules and not modules & {"lightning", "pytorch_lightning", "torchmetrics"}
+    assert len(list((tmp_path / "npy").glob("*/*.npy"))) == 12 * 8
 
 
 def test_chexlocalize_export_is_their_layout_and_scores_back(half_store, tmp_path):

@@ -19,7 +19,7 @@ from test_cli import cli_env, ddp_ranks, in_process
 
 from xbench_pl.data.base import XBenchDataset
 from xbench_pl.data.nih_bbox import DemoDataModule
-from xbench_pl.predictions import Store, decode_shard, differences, encode_shard
+from xbench_pl.prediction_store import Store, decode_shard, differences, encode_shard
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "fixture_store.StoppableIntensityModel"]

@@ -18,7 +18,7 @@ from test_cli import in_process
 from test_predictions import COMMON, MODEL, metrics, run_test, shard_of
 
 from xbench_pl.commands import main
-from xbench_pl.predictions import FORMAT, LEGACY_MAGIC, SHARD_FORMAT, Store, decode_shard, encode_shard
+from xbench_pl.prediction_store import FORMAT, LEGACY_MAGIC, SHARD_FORMAT, Store, decode_shard, encode_shard
 
 
 def test_a_shard_is_a_safetensors_file_with_its_strings_in_the_metadata(tmp_path):

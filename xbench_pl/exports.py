@@ -47,10 +47,9 @@ import numpy as np
 import torch
 
 from xbench_pl.data.vocabulary import native_name
-from xbench_pl.geometry import Preprocess, warp_to_eval_grid
-from xbench_pl.metrics.chexlocalize import spans_image
+from xbench_pl.geometry import Preprocess, spans_image, warp_to_eval_grid
 from xbench_pl.outputs import atomic_write, file_bytes
-from xbench_pl.predictions import Store, StoreError
+from xbench_pl.prediction_store import Store, StoreError
 
 FORMATS = ("npy", "cheXlocalize")
 
@@ -215,6 +214,6 @@ def export(store: Store, to: str, out: Path, size: int | None = None) -> dict[st
 
 
 def all_span(shards: list[tuple[dict, list[int]]]) -> bool:
-    """Whether every stored map spans its whole original image (``metrics.chexlocalize.spans_image``: squash)."""
+    """Whether every stored map spans its whole original image (``geometry.spans_image``: squash)."""
     return all(spans_image(shard["affine"][r], int(shard["input_size"]), *shard["original_size"][r].tolist())
                for shard, rows in shards for r in rows)

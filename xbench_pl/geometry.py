@@ -23,6 +23,9 @@ import torch.nn.functional as F
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+#: A map is taken to span the whole image (plain bilinear resize) when its affine's shift is
+#: zero and its scale maps the image onto the input to this many input pixels.
+SPAN_TOLERANCE = 1e-6
 _INTERPOLATION = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA}
 
 
@@ -125,6 +128,17 @@ class Preprocess:
 def resize_tensor(image: np.ndarray, size: int, mode: str, **_) -> np.ndarray:
     """``[H, W]`` float image resized to ``size x size`` by torch, without antialiasing."""
     return F.interpolate(torch.from_numpy(image)[None, None], size=(size, size), mode=mode)[0, 0].numpy()
+
+
+def spans_image(affine: torch.Tensor | None, input_size: int | None, height: int, width: int) -> bool:
+    """Whether a map on an ``input_size`` square with this ``affine (sx, sy, tx, ty)`` covers exactly
+    the ``height x width`` original (a squashed input); ``affine=None``: yes (an external map)."""
+    if affine is None:
+        return True
+    sx, sy, tx, ty = (float(v) for v in affine)
+    return (abs(tx) < SPAN_TOLERANCE and abs(ty) < SPAN_TOLERANCE
+            and abs(sx * width - input_size) < SPAN_TOLERANCE * input_size
+            and abs(sy * height - input_size) < SPAN_TOLERANCE * input_size)
 
 
 def eval_pixel_centres(original_size: torch.Tensor, eval_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ The CLI adds it for ``test --predictions DIR [--resume] [--predictions_dtype flo
 trainer can add it itself (``trainer.callbacks``, or ``--trainer.callbacks`` in a config).
 It reads what ``ZeroShotModel.test_step`` returns (``outputs``: its ``ZeroShotOutput``) and the
 batch (image ids, affine, original sizes) in ``on_test_batch_end``: it never runs the model. Each
-rank writes its own shards (``xbench_pl.predictions``), every ``shard_images`` images of a dataset
+rank writes its own shards (``xbench_pl.prediction_store``), every ``shard_images`` images of a dataset
 and at the end of the epoch (or when the run raises), so a crash loses at most the images since
 the last shard.
 
@@ -30,8 +30,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from xbench_pl.console import note
 from xbench_pl.outputs import OutputError, write_failure
-from xbench_pl.predictions import (DTYPES, Replayer, Store, StoreError, check_same_config, manifest, metric_settings,
-                                   replay)
+from xbench_pl.prediction_store import DTYPES, Store, StoreError, check_same_config, manifest
+from xbench_pl.predictions import Replayer, metric_settings, replay
 from xbench_pl.registry import qualified_name
 
 

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     check_writable({"--out": options["--out"]})
     import torch
 
-    from xbench_pl.predictions import Store, StoreError, model_name, replay_store  # here: --help starts without Lightning
+    from xbench_pl.prediction_store import Store, StoreError, model_name  # here: --help starts without torch
+    from xbench_pl.predictions import replay_store
 
     try:
         run_a = open_store(folders[0], rest)

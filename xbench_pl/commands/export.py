@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --out {out}: not an empty folder; choose a new or empty one", file=sys.stderr)
         return 2
     check_writable({"--out": out})
-    from xbench_pl.exports import export  # here, not at the top: --help starts without Lightning
-    from xbench_pl.predictions import Store, StoreError
+    from xbench_pl.exports import export  # here, not at the top: --help starts without torch
+    from xbench_pl.prediction_store import Store, StoreError
 
     store = Store(values["--predictions"])
     if store.read_manifest() is None:

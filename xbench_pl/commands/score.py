@@ -152,7 +152,7 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     """A prediction store and what to score it on: ``store``, its manifest ``stored``, the run's ``config``
     (with the data and metric settings ``rest`` changes), the ``datamodule`` (``--data NAME``/``--data.ARG V``
     in ``rest``, else the store's), the metric settings ``metrics`` and the parsed ``args``."""
-    from xbench_pl.predictions import Store  # here, not at the top: --help starts without Lightning
+    from xbench_pl.prediction_store import Store  # here, not at the top: --help starts without torch
 
     store = Store(folder)
     stored = store.read_manifest()
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)",
               file=sys.stderr)
         return 2
-    from xbench_pl.predictions import StoreError, model_name, rescore
+    from xbench_pl.prediction_store import StoreError, model_name
+    from xbench_pl.predictions import rescore
     from xbench_pl.run_files import publish_scores
 
     try:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 or argv[0] != "upgrade":
         print(f"error: usage: {PROG} {USAGE}", file=sys.stderr)
         return 2
-    from xbench_pl.predictions import FORMAT, Store, StoreError, upgrade  # here: --help starts without Lightning
+    from xbench_pl.prediction_store import FORMAT, Store, StoreError, upgrade  # here: --help starts without torch
 
     store = Store(argv[1])
     if not store.root.is_dir():

@@ -25,7 +25,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Literal, Optional, get_args
+from typing import Literal, get_args
 
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI

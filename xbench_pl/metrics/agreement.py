@@ -54,7 +54,7 @@ class Agreement:
 
 def stored_maps(store_dir: str | Path) -> dict[str, StoredMaps]:
     """A prediction store's maps by dataset (``StoredMaps``), every shard checked as it is read (``Store.load_intact``)."""
-    from xbench_pl.predictions import Store  # the store's reader brings the model classes: only when a store is read
+    from xbench_pl.prediction_store import Store  # torch: only when a store is read
 
     store = Store(store_dir)
     manifest = store.read_manifest() or {}

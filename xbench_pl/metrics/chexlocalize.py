@@ -56,28 +56,13 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torchmetrics import Metric
 
-from xbench_pl.geometry import _bilinear_weights
+from xbench_pl.geometry import _bilinear_weights, spans_image
 from xbench_pl.metrics.grounding import Records, from_fixed, to_fixed
 
 CXL_KEYS = ("cxl_hit_rate", "cxl_miou", "cxl_miou_all")
 
-#: A map is taken to span the whole image (plain bilinear resize) when its affine's shift is
-#: zero and its scale maps the image onto the input to this many input pixels.
-_SPAN_TOLERANCE = 1e-6
-
 
 # -- functional ---------------------------------------------------------------------------------
-def spans_image(affine: torch.Tensor | None, input_size: int | None, height: int, width: int) -> bool:
-    """Whether a map on an ``input_size`` square with this ``affine (sx, sy, tx, ty)`` covers exactly
-    the ``height x width`` original (a squashed input); ``affine=None``: yes (an external map)."""
-    if affine is None:
-        return True
-    sx, sy, tx, ty = (float(v) for v in affine)
-    return (abs(tx) < _SPAN_TOLERANCE and abs(ty) < _SPAN_TOLERANCE
-            and abs(sx * width - input_size) < _SPAN_TOLERANCE * input_size
-            and abs(sy * height - input_size) < _SPAN_TOLERANCE * input_size)
-
-
 def full_resolution_map(native: torch.Tensor, height: int, width: int, affine: torch.Tensor | None = None,
                         input_size: int | None = None) -> torch.Tensor:
     """One saliency map ``[h, w]`` at the original ``height x width``, float32 on the CPU.
