@@ -1,11 +1,11 @@
 """How long does each command take before it does anything? Prints, per command line, the median over
 ``--repeats`` fresh processes of the wall time and of the import time (the sum of the top-level entries of
-``python -X importtime``), and whether Lightning and torch were imported.
+``python -X importtime``), and whether Lightning, torchmetrics and torch were imported.
 
 The command lines: every command's ``--help``, the typical early errors (an unknown model or dataset, a
 ``--data.root`` that is no folder, an ``--out`` that cannot be written, a bad number or choice), each as a user types
-it, and two whole runs on the demo: ``test`` of the ``center`` baseline (native maps: no explainer library should
-load) writing a prediction store, and ``score`` of that store. Run: ``python benchmarks/bench_startup.py
+it, and whole runs on the demo: ``test`` of the ``center`` baseline (native maps: no explainer library should
+load) writing a prediction store, then ``score``, ``export`` and ``store upgrade`` of that store. Run: ``python benchmarks/bench_startup.py
 [--repeats 3] [--only test] [--repo DIR]`` (``--repo``: another checkout to measure, e.g. an older commit's
 ``git archive``, for a before/after on the same machine).
 """
@@ -46,6 +46,8 @@ LINES = [
     ("test: a native run (center, demo)", ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "0",
                                            "--predictions", "{work}/store", "--out", "{work}/test"]),
     ("score: a run (the store above)", ["score", "--predictions", "{work}/store", "--out", "{work}/score"]),
+    ("export: a run (the store above)", ["export", "--predictions", "{work}/store", "--to", "npy", "--out", "{work}/npy"]),
+    ("store upgrade: a run (the store above)", ["store", "upgrade", "{work}/store"]),
 ]
 #: the libraries only an explainer other than ``native`` needs
 EXPLAINER_LIBRARIES = {"pytorch_grad_cam", "open_clip", "timm"}
@@ -73,8 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start; "
           f"median of {args.repeats} fresh processes of {args.repo}")
-    print("| command line | wall s | import s | exit | lightning | torch | explainer libraries |\n"
-          "|---|---:|---:|---:|---|---|---|")
+    print("| command line | wall s | import s | exit | lightning | torchmetrics | torch | explainer libraries |\n"
+          "|---|---:|---:|---:|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         for label, line in LINES:
             if args.only not in label:
@@ -82,14 +84,15 @@ def main() -> None:
             line = [token.format(work=work) for token in line]
             runs = []
             for _ in range(args.repeats):
-                if line[0] == "test":  # each test run writes a new store (the last one stays for score)
-                    for folder in ("store", "test"):
-                        shutil.rmtree(Path(work) / folder, ignore_errors=True)
+                # each test run writes a new store (the last one stays for score); each export a new folder
+                for folder in {"test": ("store", "test"), "export": ("npy",)}.get(line[0], ()):
+                    shutil.rmtree(Path(work) / folder, ignore_errors=True)
                 runs.append(measure(line, args.repo))
             wall, imports = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
             packages, code = runs[-1][2], runs[-1][3]
-            print(f"| `{label}` | {wall:.2f} | {imports:.2f} | {code} | {'yes' if 'lightning' in packages else 'no'} | "
-                  f"{'yes' if 'torch' in packages else 'no'} | {', '.join(sorted(packages & EXPLAINER_LIBRARIES)) or 'none'} |",
+            loaded = {name: "yes" if name in packages else "no" for name in ("lightning", "torchmetrics", "torch")}
+            print(f"| `{label}` | {wall:.2f} | {imports:.2f} | {code} | {loaded['lightning']} | {loaded['torchmetrics']} | "
+                  f"{loaded['torch']} | {', '.join(sorted(packages & EXPLAINER_LIBRARIES)) or 'none'} |",
                   flush=True)
     print(f"load {os.getloadavg()[0]:.1f} at the end")
 
