@@ -97,8 +97,8 @@ def test_a_run_that_finds_the_disk_full_at_any_write(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     callbacks = tmp_path / "png.yaml"  # callbacks/png.yaml with one heatmap per finding: fewer figures to draw
     callbacks.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 1"))
-    argv = ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "2", "--config", str(callbacks),
-            "--trainer.enable_progress_bar", "false"]
+    argv = ["test", "--model", "center", "--data", "demo", "--data.classes", "[Nodule, Mass]", "--model.bootstrap", "2",
+            "--config", str(callbacks), "--trainer.enable_progress_bar", "false"]  # two findings: every kind of file, fewer figures
     whole = tmp_path / "whole"
     count = FullDisk(whole)
     monkeypatch.setattr(os, "write", count)
