@@ -43,6 +43,8 @@ TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
 #: trainable parameters are counted in the closing lines, not in Lightning's model summary
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
+#: the Trainer verb's arguments the CLI gives itself, not options (Lightning's skip sets)
+VERB_SKIPPED = {"test": {"model", "dataloaders", "datamodule"}, "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 #: our defaults of the Trainer verb's own arguments: no Lightning metric table; a --ckpt_path is read with
 #: torch.load(weights_only=True), tensors and plain data only (the project's stance on weights files)
 VERB_DEFAULTS = {"test": {"verbose": False, "weights_only": True}, "fit": {"weights_only": True}}

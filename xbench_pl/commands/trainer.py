@@ -32,7 +32,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
                                          SEED_DEFAULT, SUMMARIES, TRAINER_COMMANDS, TRAINER_DEFAULTS, VERB_DEFAULTS,
-                                         datamodule_problems, is_name, take_option)
+                                         VERB_SKIPPED, datamodule_problems, is_name, take_option)
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import is_rank_zero, say
@@ -238,8 +238,7 @@ class XBenchCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {"test": {"model", "dataloaders", "datamodule"},  # Lightning's skip sets
-                "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+        return VERB_SKIPPED
 
     def add_arguments_to_parser(self, parser) -> None:
         for name, (kind, default, text) in RUN_OPTIONS.items():

@@ -14,7 +14,7 @@ from typing import get_args
 import docstring_parser
 
 from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
-                                         SEED_DEFAULT, SUMMARIES, TRAINER_DEFAULTS, VERB_DEFAULTS, plain)
+                                         SEED_DEFAULT, SUMMARIES, TRAINER_DEFAULTS, VERB_DEFAULTS, VERB_SKIPPED, plain)
 from xbench_pl.commands.early import module_tree
 from xbench_pl.options import ExplainerName
 from xbench_pl.registry import available
@@ -108,7 +108,7 @@ def trainer_help(command: str) -> str:
 
     verb = parser.add_argument_group(f"{command}'s own options (lightning.pytorch.Trainer.{command})")
     for name, annotation, default, description in signature(command):
-        if name != "model" and name != "datamodule" and not name.endswith("dataloaders"):  # the CLI gives these
+        if name not in VERB_SKIPPED[command]:
             default = shown(VERB_DEFAULTS[command][name]) if name in VERB_DEFAULTS[command] else source_default(default)
             verb.add_argument(f"--{name}", metavar=metavar(name, annotation), help=option_help(description, annotation, default))
     return parser.format_help()
