@@ -25,7 +25,7 @@ from reference_common import assert_within_float32_roundoff, float64_twin
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from xbench_pl.models.checkpoints import CheckpointError
 from xbench_pl.models.kad import KAD, RESNET_CHILDREN, image_layout, rename
-from xbench_pl.models.layers import BertModel, QueryDecoder, ResNetPatches
+from xbench_pl.models.layers import BertModel, BertQueryEncoder, QueryDecoder, ResNetPatches
 from xbench_pl.registry import read_config
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -172,6 +172,29 @@ def test_registered_kad_preprocesses_as_the_authors_test_scripts(name, size):
     assert Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["preprocess"].items()}) == Preprocess(
         resize="squash", size=size, interpolation="bicubic", mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias=True)
     assert "_source" in config and "591d999e" in config["_source"]
+
+
+@pytest.mark.parametrize("pooling", BertQueryEncoder.POOLINGS)
+def test_the_text_tower_skips_the_padding_after_the_longest_text(pooling):
+    """Padded to 32, texts of at most 7 tokens reach BERT as 7 columns and give the embeddings of the whole padded
+    run (KAD pads its texts to 256); left padding (real tokens last) is kept whole."""
+    torch.manual_seed(0)
+    encoder = BertQueryEncoder(TINY_BERT, pooling, mlp=[16, 8]).eval()
+    ids = torch.zeros(3, 32, dtype=torch.long)
+    mask = torch.zeros(3, 32, dtype=torch.long)
+    for row, length in enumerate((7, 3, 5)):
+        ids[row, :length] = torch.randint(1, 512, (length,))
+        mask[row, :length] = 1
+    lengths = []
+    encoder.bert_model.embeddings.register_forward_hook(lambda module, inputs, output: lengths.append(inputs[0].shape[1]))
+    with torch.no_grad():
+        trimmed = encoder(ids, mask)
+        padded = encoder.bert_model(ids, mask)
+        full = encoder.mlp_embed(padded[1] if pooling == "pooler" else padded[0][:, 0])
+        left = encoder(ids.flip(1), mask.flip(1))
+    assert lengths == [7, 32, 32]  # the trimmed run, the whole padded run, the left-padded run
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-6)
+    assert left.shape == full.shape
 
 
 # -- equivalence with the authors' code ---------------------------------------------------------

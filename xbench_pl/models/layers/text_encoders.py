@@ -166,6 +166,9 @@ class BertQueryEncoder(nn.Module):
         self.width = width
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden, pooled = self.bert_model(input_ids, attention_mask)
+        # Only the [CLS] state is read, and a padding key gets softmax weight exactly 0: the columns after the last
+        # real token of every text change nothing but the work (KAD pads texts of a few tokens to 256), so they go
+        length = int(attention_mask.any(dim=0).nonzero().max()) + 1 if attention_mask.any() else attention_mask.shape[1]
+        hidden, pooled = self.bert_model(input_ids[:, :length], attention_mask[:, :length])
         embedding = pooled if self.pooling == "pooler" else hidden[:, 0]
         return embedding if self.mlp_embed is None else self.mlp_embed(embedding)
