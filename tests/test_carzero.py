@@ -376,6 +376,22 @@ def test_random_init_is_deterministic_and_flagged(tiny, tiny_config, tokenizer_d
     assert (out.saliency >= 0).all() and (out.saliency.sum(dim=(-2, -1)) <= 1 + 1e-6).all()
 
 
+def test_bert_runs_on_the_columns_up_to_the_longest_caption(tiny):
+    """Nothing after a caption's [SEP] counts: BERT sees the columns up to the longest caption's last token; the
+    word embeddings keep their ``max_length`` rows (zero after the words), as the authors' (equality above)."""
+    prompts = ["small left pleural effusion", "no pneumothorax"]
+    lengths = []
+    handle = tiny.text.embeddings.register_forward_hook(lambda module, inputs, output: lengths.append(inputs[0].shape[1]))
+    try:
+        with torch.no_grad():
+            _, words, _ = tiny.encode_text(prompts)
+    finally:
+        handle.remove()
+    longest = int(tiny.tokenize(prompts)["attention_mask"].sum(dim=1).max())
+    assert lengths == [longest] and longest < tiny.max_length
+    assert words.shape[1] == tiny.max_length and not words[:, longest:].any()
+
+
 def test_text_cache_and_overrides(tiny_config, tokenizer_dir):
     model = CARZero(tiny_config, random_init=True, text=tokenizer_dir, texts={"Nodule": "Small nodule in the left lung"})
     assert model.prompt_for("Nodule") == "Small nodule in the left lung" and model.prompt_for("Mass") == "There is Pulmonary Mass"

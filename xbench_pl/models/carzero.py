@@ -60,6 +60,7 @@ from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint, rename_prefix)
 from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
+from xbench_pl.models.layers.text_encoders import without_trailing_padding
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache
@@ -277,13 +278,14 @@ class CARZero(ZeroShotModel):
         """``(sentences [C, D], words [C, max_length, D], merged words)`` as their ``BertEncoder``."""
         tokens = self.tokenize(prompts)
         ids = tokens["input_ids"].to(self.device)
-        states = self.text.hidden_states(ids, tokens["attention_mask"].to(self.device))
-        layers = torch.stack(states[-self.last_layers:]).permute(1, 2, 0, 3)  # [C, T, layers, D]
+        # nothing after a caption's [SEP] counts (word_groups): BERT runs on the columns up to the last one
+        states = self.text.hidden_states(*without_trailing_padding(ids, tokens["attention_mask"].to(self.device)))
+        layers = torch.stack(states[-self.last_layers:]).permute(1, 2, 0, 3)  # [C, T', layers, D]
         merged, all_words = [], []
         for caption, token_ids in zip(layers, ids.tolist()):
             groups, words = word_groups(self.tokenizer.convert_ids_to_tokens(token_ids))
             rows = torch.stack([torch.stack([caption[i] for i in group]).sum(dim=0) for group in groups])
-            merged.append(torch.cat([rows, rows.new_zeros(caption.shape[0] - rows.shape[0], *rows.shape[1:])]))
+            merged.append(torch.cat([rows, rows.new_zeros(ids.shape[1] - rows.shape[0], *rows.shape[1:])]))  # to T again
             all_words.append(words)
         embeddings = torch.stack(merged).permute(0, 2, 1, 3)  # [C, layers, T, D]
         sentences = embeddings.mean(dim=2).sum(dim=1)

@@ -20,6 +20,16 @@ from torch import nn
 from xbench_pl.models.layers.hf_blocks import Dense, SelfAttention
 
 
+def without_trailing_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` without the columns after the last real token of every text. A padding key
+    gets softmax weight exactly 0, so the states of the real tokens are those of the whole padded batch (up to float32
+    round-off): for a caller that reads no padding position, the columns only cost work (texts of a few tokens padded
+    to 97 or 256)."""
+    kept = attention_mask.any(dim=0).nonzero()
+    length = int(kept.max()) + 1 if len(kept) else attention_mask.shape[1]
+    return input_ids[:, :length], attention_mask[:, :length]
+
+
 class _Attention(nn.Module):
     def __init__(self, width: int, eps: float):
         super().__init__()
@@ -166,9 +176,6 @@ class BertQueryEncoder(nn.Module):
         self.width = width
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # Only the [CLS] state is read, and a padding key gets softmax weight exactly 0: the columns after the last
-        # real token of every text change nothing but the work (KAD pads texts of a few tokens to 256), so they go
-        length = int(attention_mask.any(dim=0).nonzero().max()) + 1 if attention_mask.any() else attention_mask.shape[1]
-        hidden, pooled = self.bert_model(input_ids[:, :length], attention_mask[:, :length])
+        hidden, pooled = self.bert_model(*without_trailing_padding(input_ids, attention_mask))  # only [CLS] is read
         embedding = pooled if self.pooling == "pooler" else hidden[:, 0]
         return embedding if self.mlp_embed is None else self.mlp_embed(embedding)
