@@ -59,8 +59,7 @@ from torch import nn
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint, rename_prefix)
-from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches
-from xbench_pl.models.layers.text_encoders import without_trailing_padding
+from xbench_pl.models.layers import BertModel, QueryDecoder, ViTPatches, without_trailing_padding
 from xbench_pl.models.local_files import (bert_config, checkpoint_file, local_folder, preprocess_from, read_architecture,
                                           sized_architecture)
 from xbench_pl.models.prompts import EmbeddingCache

@@ -86,7 +86,7 @@ from torch import nn
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import (CheckpointError, build_weights, drop_aliases, guess_layout, load_or_warn, load_weights,
                                           read_checkpoint, rename_prefix)
-from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches
+from xbench_pl.models.layers import AttentionPool2d, BertModel, QueryDecoder, ResNetPatches, without_trailing_padding
 from xbench_pl.models.local_files import (HF_WEIGHT_FILES, checkpoint_file, local_file, local_files, local_folder, preprocess_from,
                                           resolve_file, sized_architecture, weights_in)
 from xbench_pl.models.local_files import read_architecture as read_architecture_file
@@ -273,9 +273,9 @@ class TextEncoder:
         out = []
         with torch.autocast(device.type, enabled=False):
             for start in range(0, len(texts), batch):
-                hidden, _ = bert(tokens["input_ids"][start:start + batch].to(device),
-                                 tokens["attention_mask"][start:start + batch].to(device))
-                out.append(hidden[:, 0].float())
+                hidden, _ = bert(*without_trailing_padding(tokens["input_ids"][start:start + batch].to(device),
+                                                           tokens["attention_mask"][start:start + batch].to(device)))
+                out.append(hidden[:, 0].float())  # only [CLS] is read
         return torch.cat(out).cpu()
 
 

@@ -6,7 +6,7 @@
   grid ``(h, w)``.
 * ``text_encoders``: ``BertModel`` (Hugging Face BERT key layout) and ``BertQueryEncoder``
   (a BERT, pooled by ``"pooler"`` or ``"cls"``, optionally through a GELU MLP) -> one
-  embedding per text.
+  embedding per text; ``without_trailing_padding`` cuts the padding a caller never reads.
 * ``query_decoder``: ``QueryDecoder``, a DETR-style pre-norm transformer decoder (queries
   self-attend, then cross-attend to patch tokens; no positional encodings) returning the
   decoded queries and every layer's head-averaged cross-attention ``[L, B, Q, N]``.
@@ -24,6 +24,7 @@ prefixes. Nothing here downloads or reads weights.
 from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
 from xbench_pl.models.layers.pooling import AttentionPool2d
 from xbench_pl.models.layers.query_decoder import QueryDecoder, QueryDecoderLayer
-from xbench_pl.models.layers.text_encoders import BertModel, BertQueryEncoder
+from xbench_pl.models.layers.text_encoders import BertModel, BertQueryEncoder, without_trailing_padding
 
-__all__ = ["AttentionPool2d", "BertModel", "BertQueryEncoder", "QueryDecoder", "QueryDecoderLayer", "ResNetPatches", "ViTPatches"]
+__all__ = ["AttentionPool2d", "BertModel", "BertQueryEncoder", "QueryDecoder", "QueryDecoderLayer", "ResNetPatches", "ViTPatches",
+           "without_trailing_padding"]
