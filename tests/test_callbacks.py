@@ -94,14 +94,16 @@ def test_sample_choice_is_the_same_for_any_split_and_bounded():
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same 11-image demo split: without callbacks and with the PNG preset in 1 process, and with the W&B
-    preset (offline; it writes the same files under --out) on 2 DDP processes (``ddp_ranks``), as W&B runs at scale."""
+    """The same 11-image demo split and three findings: without callbacks and with the PNG preset in 1 process, and
+    with the W&B preset (offline; it writes the same files under --out) on 2 DDP processes (``ddp_ranks``), as W&B
+    runs at scale."""
     tmp = tmp_path_factory.mktemp("callbacks")
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:11]
     split = tmp / "split.csv"
     split.write_text("image_id\n" + "\n".join(ids) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
-              "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
+              "--data.batch_size", "3", "--trainer.accelerator", "cpu",  # findings with 2 and 1 region: fewer figures
+              "--data.classes", "[Nodule, Pleural Effusion, Cardiomegaly]"]
     presets = {}  # callbacks/png.yaml and callbacks/wandb.yaml with 2 samples per finding: fewer figures to draw
     for name in ("png", "wandb"):
         presets[name] = ["--config", str(tmp / f"{name}2.yaml")]
