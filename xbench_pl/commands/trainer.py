@@ -18,6 +18,7 @@ a damaged file, or a checkpoint that is not for ``--model``, ends the command wi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -319,7 +320,7 @@ class XBenchCLI(LightningCLI):
         return given + ours
 
     def before_fit(self) -> None:
-        settings = self.settings()
+        settings = self.settings
         if settings.get("predictions") or settings.get("resume"):
             raise UsageError("--predictions and --resume belong to test: fit keeps checkpoints (OUT/checkpoints)")
         if self.datamodule.datamodules != [self.datamodule]:
@@ -331,7 +332,7 @@ class XBenchCLI(LightningCLI):
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        settings = self.settings()
+        settings = self.settings
         checkpoint = self.trainer.checkpoint_callback
         path = (checkpoint.last_model_path or checkpoint.best_model_path) if checkpoint is not None else ""
         record = {
@@ -360,13 +361,15 @@ class XBenchCLI(LightningCLI):
             print(f"  {command_to_test(self.given, path)}")  # one line, to copy whole
         self.print_wandb_run()
 
+    @functools.cached_property
     def settings(self) -> dict:
-        """The resolved options of this run's subcommand, as plain YAML data."""
+        """The resolved options of this run's subcommand, as plain YAML data (read once the options are parsed:
+        every hook that asks gets the same)."""
         return yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))[self.subcommand]
 
     def add_prediction_store(self, trainer) -> None:
         """``--predictions DIR [--resume] [--predictions_dtype D]``: a ``PredictionWriter`` on the trainer."""
-        settings = self.settings()
+        settings = self.settings
         if not settings.get("predictions"):
             if settings.get("resume"):
                 raise UsageError("--resume continues a prediction store: give its folder with --predictions DIR")
@@ -384,7 +387,7 @@ class XBenchCLI(LightningCLI):
     def after_test(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        settings = self.settings()
+        settings = self.settings
         report = build_report(
             model=settings.get("model_name") or settings["model"]["class_path"],
             results=self.model.results,
