@@ -26,6 +26,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 #: A map is taken to span the whole image (plain bilinear resize) when its affine's shift is
 #: zero and its scale maps the image onto the input to this many input pixels.
 SPAN_TOLERANCE = 1e-6
+
 _INTERPOLATION = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA}
 
 
