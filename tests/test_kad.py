@@ -191,10 +191,9 @@ def test_the_text_tower_skips_the_padding_after_the_longest_text(pooling):
         trimmed = encoder(ids, mask)
         padded = encoder.bert_model(ids, mask)
         full = encoder.mlp_embed(padded[1] if pooling == "pooler" else padded[0][:, 0])
-        left = encoder(ids.flip(1), mask.flip(1))
+        encoder(ids.flip(1), mask.flip(1))
     assert lengths == [7, 32, 32]  # the trimmed run, the whole padded run, the left-padded run
     torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-6)
-    assert left.shape == full.shape
 
 
 # -- equivalence with the authors' code ---------------------------------------------------------
