@@ -60,8 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     repeats = parser.parse_args().repeats
-    times = {}  # (name, layout) -> seconds
-    for name, draw in drawings().items():
+    times, figures = {}, drawings()  # (name, layout) -> seconds
+    for name, draw in figures.items():
         draw()  # warm: fonts, colour maps
         for _ in range(repeats):
             for layout in ("fixed margins", "constrained"):
@@ -73,7 +73,7 @@ def main() -> None:
                     draw()
                     times.setdefault((name, layout), []).append(time.perf_counter() - started)
     print(f"{'figure':<26}{'fixed margins s':>16}{'constrained s':>15}{'ratio':>7}")
-    for name in drawings():
+    for name in figures:
         fixed, baseline = (statistics.median(times[name, layout]) for layout in ("fixed margins", "constrained"))
         print(f"{name:<26}{fixed:>16.3f}{baseline:>15.3f}{baseline / fixed:>6.1f}×")
 

@@ -78,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
         return 2
     if command in TRAINER_COMMANDS:  # before Lightning loads: help, the errors that need no model come at once; pulled files
-        from xbench_pl.commands.trainer_help import trainer_help, wants_quick_help
+        from xbench_pl.commands.early import Released, released_weights, trainer_problem, wants_quick_help
 
         if wants_quick_help(rest):
+            from xbench_pl.commands.trainer_help import trainer_help
+
             print(trainer_help(command))
             return 0
-        from xbench_pl.commands.early import Released, released_weights, trainer_problem
 
         problem = trainer_problem(rest)
         released = Released(rest) if problem else released_weights(rest)

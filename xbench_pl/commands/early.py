@@ -26,6 +26,8 @@ from xbench_pl.registry import UnknownName, class_path
 
 #: where these checks keep out: help and config printing write nothing, whatever ``--out`` says
 HELP_FLAGS = ("-h", "--help", "--print_config")
+#: flags after which the parser itself must answer a help: a class's own help, a printed or read config
+PARSER_FLAGS = ("--print_config", "-c", "--config")
 #: the number types of init args checked here: jsonargparse's restricted ones, by the name signatures use
 NUMBER_TYPES = {"int": int, "float": float, **{name: getattr(restricted, name) for name in (
     "PositiveInt", "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "ClosedUnitInterval", "OpenUnitInterval")}}
@@ -143,6 +145,20 @@ def reads_root(data_class: str | None) -> bool:
     return data_class is not None and not data_class.endswith("DemoDataModule")
 
 
+def asks_help(argv: list[str]) -> bool:
+    """Whether a ``test``/``fit`` command line asks for a help or a printed config: nothing is built or written."""
+    return any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv)
+
+
+def wants_quick_help(argv: list[str]) -> bool:
+    """Whether a ``test``/``fit`` command line asks for the command's help (``-h``/``--help``), which
+    ``trainer_help`` answers without the parser, and nothing the parser must answer (``--model.help NAME``,
+    ``--print_config``, ``--config``)."""
+    flags = [arg.partition("=")[0] for arg in argv]
+    return (any(flag in ("-h", "--help") for flag in flags)
+            and not any(flag.endswith(".help") or flag in PARSER_FLAGS for flag in flags))
+
+
 def trainer_problem(argv: list[str]) -> str | None:
     """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None."""
     classes = {}  # flag -> its registered name's class path
@@ -153,7 +169,7 @@ def trainer_problem(argv: list[str]) -> str | None:
                 classes[flag] = class_path(kind, value)
             except UnknownName as error:
                 return f"{flag}: {error}"
-    if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
+    if asks_help(argv):
         return None
     root = take_option(argv, "--data.root")[0]
     if root and reads_root(classes.get("--data")) and not Path(root).is_dir():
@@ -201,7 +217,7 @@ def released_weights(argv: list[str]) -> Released:
     from xbench_pl.weights import (CACHE_ENV, HUB, PULL_COMMAND, Needs, WeightsError, cache_dir, cached_arguments, hub_folder,
                                    read_sources)
 
-    if any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv):
+    if asks_help(argv):
         return Released(argv)
     checkpoint = take_option(argv, "--model.checkpoint")[0]
     if checkpoint and checkpoint.startswith(HUB):

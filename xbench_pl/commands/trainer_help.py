@@ -2,8 +2,9 @@
 imports them all: 15-20 s). The options are those of that parser: the run's own (``arguments.RUN_OPTIONS``), the
 Trainer's ``__init__`` and the verb's (``Trainer.test``/``Trainer.fit``) arguments with their docstrings' text, read
 from Lightning's source (``ast``) as ``early.init_types`` reads the model classes', and the ``--model``/``--data``
-choices. A model's or dataset's own options still come from its class: ``--model.help NAME`` builds the parser.
-``tests/test_cli_options.py`` checks that this help and the parser's list the same options."""
+choices. The dispatcher shows it where ``early.wants_quick_help``; a model's or dataset's own options still come
+from its class (``--model.help NAME`` builds the parser). ``tests/test_cli_options.py`` checks that this help and
+the parser's list the same options."""
 
 from __future__ import annotations
 
@@ -20,16 +21,6 @@ from xbench_pl.options import ExplainerName
 from xbench_pl.registry import available
 
 TRAINER_MODULE, TRAINER_CLASS = "lightning.pytorch.trainer.trainer", "Trainer"
-#: flags after which the parser itself must answer: a class's own help, a printed or read config
-PARSER_FLAGS = ("--print_config", "-c", "--config")
-
-
-def wants_quick_help(argv: list[str]) -> bool:
-    """Whether a ``test``/``fit`` command line asks for the command's help (``-h``/``--help``), which this module
-    answers, and nothing the parser must answer (``--model.help NAME``, ``--print_config``, ``--config``)."""
-    flags = [arg.partition("=")[0] for arg in argv]
-    return (any(flag in ("-h", "--help") for flag in flags)
-            and not any(flag.endswith(".help") or flag in PARSER_FLAGS for flag in flags))
 
 
 def signature(method: str) -> list[tuple[str, str, str, str]]:
