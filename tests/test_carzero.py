@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import pytest
 import torch
@@ -55,15 +56,23 @@ def official(official_files):
 
 
 def forward(model: CARZero, images: torch.Tensor, reference: dict) -> dict:
-    """What the reference records, by our model: text and image embeddings, similarities, zero-shot output."""
-    with torch.no_grad():
+    """What the reference records, by our model: text embeddings, and the image tower's features and the similarities
+    that one ``zero_shot`` pass computes on its way to the output (recorded as it calls them)."""
+    seen = {}
+
+    def recording(name: str, method: Callable) -> Callable:
+        def record(*args):
+            seen[name] = method(*args)
+            return seen[name]
+        return record
+
+    with torch.no_grad(), mock.patch.object(model.image, "forward_features", recording("features", model.image.forward_features)), \
+            mock.patch.object(model, "similarities", recording("parts", model.similarities)):
+        output = model.zero_shot(images, CXR14 + list(EXTRA))
         sentences, words, merged = model.encode_text(list(reference["prompts"]))
-        features = model.image.forward_features(images)
-        parts = model.similarities(images, tuple(reference["prompts"]))
-    patches = features[:, 1:]
-    return {"sentences": sentences, "words": words, "merged": merged, "image_global": features[:, 0],
-            "image_local_mean_std": torch.stack([patches.mean(), patches.std()]), "parts": parts,
-            "output": model.zero_shot(images, CXR14 + list(EXTRA))}
+    patches = seen["features"][:, 1:]
+    return {"sentences": sentences, "words": words, "merged": merged, "image_global": seen["features"][:, 0],
+            "image_local_mean_std": torch.stack([patches.mean(), patches.std()]), "parts": seen["parts"], "output": output}
 
 
 def within_float32_roundoff(official: dict, name: str, ours: Callable[[dict], torch.Tensor], reference: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from test_cli import run_sweep_in_process
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.commands import sweep
 from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, read_architecture
@@ -89,9 +90,10 @@ def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
 
 
 def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, capsys, monkeypatch):
-    """The center_sigma sweep (without the W&B logger, for speed): one configuration and one that fails; then, as
-    after an interruption, the grid grown by a configuration whose run left its folder but no metrics.json: the
-    restart runs only that one (and the failed one). Two runs of the model in all."""
+    """The center_sigma sweep (without the W&B logger, for speed): one configuration and one that fails, each run in
+    its own process as a user's sweep runs them; then, as after an interruption, the grid grown by a configuration
+    whose run left its folder but no metrics.json: the restart runs only that one (and the failed one). What the
+    restart decides is the sweep's own: its runs go through ``run_sweep_in_process``, without a start-up each."""
     spec = yaml.safe_load((REPO / "sweeps" / "center_sigma.yaml").read_text())
     at = spec["command"].index("--trainer.logger")
     del spec["command"][at : at + 2]
@@ -114,7 +116,7 @@ def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, cap
     (lost / "params.json").write_text(json.dumps({"model.sigma": 0.3}))
     (lost / "log.txt").write_text("killed\n")
     capsys.readouterr()
-    assert sweep.main([str(file), "--out", str(out)]) == 1
+    assert run_sweep_in_process(file, out) == 1
     with (out / "summary.csv").open() as f:
         again = list(csv.DictReader(f))
     assert {r["run"]: r["status"] for r in again} == {rows[0]["run"]: "skipped (done)", lost.name: "done",
