@@ -48,10 +48,15 @@ def write_json(path: Path, config: dict) -> str:
     return str(path)
 
 
-def small_medklip_family(name: str, size: int = 64) -> dict:
-    """The shipped MedKLIP/MAVL architecture at a 64 px input (4 x 4 grid): same modules, fewer pixels."""
+def small_medklip_family(name: str, size: int = 64, width: int = 32) -> dict:
+    """The shipped MedKLIP/MAVL architecture at a 64 px input (4 x 4 grid) and a decoder ``width`` wide: the same
+    modules, layers and queries, fewer pixels and channels (MAVL decodes its 675 queries for every forward)."""
     config = json.loads((REPO / "xbench_pl" / "models" / "configs" / f"{name}.json").read_text())
     config["preprocess"] = {**config["preprocess"], "size": size}
+    config["decoder"] = {**config["decoder"], "d_model": width, "ffn": 2 * width}
+    config["projection"] = {**config["projection"], "widths": [config["projection"]["widths"][0], width]}
+    if "pool" in config:
+        config["pool"] = {**config["pool"], "out": width}
     return config
 
 
