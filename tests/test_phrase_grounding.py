@@ -108,13 +108,16 @@ def test_ms_cxr_demo_grounds_phrases_with_cnr_per_category_and_is_ddp_exact(tmp_
 
 
 def test_heatmap_samples_name_the_phrase_they_ground(tmp_path):
-    """The heatmap callback on MS-CXR: each sample's table row and caption carry its phrase beside the category."""
+    """The heatmap callback on MS-CXR: each sample's table row and caption carry its phrase beside the category (two
+    categories: each draws its own figures)."""
     import csv
 
     result = in_process("test", "--model", "center", "--data", "ms_cxr_demo", "--data.root", str(tmp_path / "demo"),
+                        "--data.classes", "[Cardiomegaly, Pneumothorax]",
                         "--config", str(Path(__file__).resolve().parents[1] / "callbacks" / "png.yaml"), "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "run" / "heatmaps" / "samples.csv").open() as f:
         rows = list(csv.DictReader(f))
     records = {r.image_id: r for r in xbench_pl.create_datamodule("ms_cxr_demo", root=str(tmp_path / "demo")).prepare_records()}
-    assert rows and all(row["query"] == records[row["image_id"]].queries[row["finding"]] for row in rows)
+    assert {row["finding"] for row in rows} == {"Cardiomegaly", "Pneumothorax"}
+    assert all(row["query"] == records[row["image_id"]].queries[row["finding"]] for row in rows)
