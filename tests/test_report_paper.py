@@ -244,10 +244,10 @@ def demo_sweep(tmp_path_factory):
     """``sweeps/xbench_paper.yaml`` with a tiny random-weight CLIP (a config file named clip.yaml) on the demo data laid
     out as the paper's datasets (``nih_bbox/``: the NIH-format phantoms, ``siim_pneumothorax/``: the SIIM-format
     ones): 2 real runs (in this process), 200 resamples, a 128-pixel eval grid; then ``report --against paper``."""
-    from xbench_pl.data.synthetic import write_demo
+    from xbench_pl.data.synthetic import ensure_demo
 
     tmp = tmp_path_factory.mktemp("paper_sweep")
-    demo = write_demo(tmp / "demo", 0)
+    demo = ensure_demo()  # the folder --data demo reads (drawn on first use), read through links only
     roots = tmp / "datasets"
     roots.mkdir()
     (roots / "nih_bbox").symlink_to(demo / "nih")
