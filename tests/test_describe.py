@@ -30,14 +30,13 @@ def test_describe_demo(capsys):
     assert "phrases" not in summary
 
 
-def test_describe_counts_a_phrase_dataset_in_pairs_on_images(capsys, tmp_path):
-    root = ["--data.root", str(tmp_path / "ms_cxr")]
-    code, out, _ = run(capsys, ["--data", "ms_cxr_demo", *root, "--json"])
+def test_describe_counts_a_phrase_dataset_in_pairs_on_images(capsys):
+    code, out, _ = run(capsys, ["--data", "ms_cxr_demo", "--json"])
     summary = json.loads(out)
-    records = create_datamodule("ms_cxr_demo", root=str(tmp_path / "ms_cxr")).prepare_records()
+    records = create_datamodule("ms_cxr_demo").prepare_records()
     assert code == 0 and summary["images"] == summary["phrases"] == len(records) == 13
     assert summary["image_files"] == len({r.path for r in records}) == 10
-    code, text, _ = run(capsys, ["--data", "ms_cxr_demo", *root])
+    code, text, _ = run(capsys, ["--data", "ms_cxr_demo"])
     assert code == 0 and text.splitlines()[:2] == ["ms_cxr_demo: 13 (image, phrase) pairs on 10 images",
                                                     "class               pairs  positives  regions"]
 

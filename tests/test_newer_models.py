@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from test_cli import in_process, run_sweep_in_process
 
 import xbench_pl
+from xbench_pl.data.ms_cxr import ensure_ms_cxr_demo
 
 CONFIGS = Path(xbench_pl.__file__).parent / "models" / "configs"
 
@@ -54,14 +55,13 @@ COMMON = ["--data", "ms_cxr_demo", "--data.batch_size", "4", "--trainer.accelera
 @pytest.mark.parametrize("name", list(MODELS))
 def test_fit_and_the_prediction_store_on_phrases(name, tmp_path):
     model = MODELS[name](tmp_path)
-    data_root = ["--data.root", str(tmp_path / "ms_cxr")]
-    fitted = in_process("fit", *model, *COMMON, *data_root, "--model.bootstrap", "0", "--data.val_fraction", "0.3",
+    fitted = in_process("fit", *model, *COMMON, "--model.bootstrap", "0", "--data.val_fraction", "0.3",
                         "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false", "--out", str(tmp_path / "fit"))
     assert fitted.returncode == 0, fitted.stderr[-3000:]
     record = json.loads((tmp_path / "fit" / "fit.json").read_text())
     assert record["trained_parameters"] and [e["epoch"] for e in record["validation"]] == [0]
 
-    ran = in_process("test", *model, *COMMON, *data_root, "--model.bootstrap", "20", "--predictions", str(tmp_path / "store"),
+    ran = in_process("test", *model, *COMMON, "--model.bootstrap", "20", "--predictions", str(tmp_path / "store"),
                      "--predictions_dtype", "float32", "--out", str(tmp_path / "run"))
     assert ran.returncode == 0, ran.stderr[-3000:]
     scored = in_process("score", "--predictions", str(tmp_path / "store"), "--out", str(tmp_path / "score"))
@@ -82,8 +82,9 @@ def test_the_phrases_sweep_runs_offline_on_the_synthetic_ms_cxr(tmp_path, monkey
     spec = yaml.safe_load((repo / "sweeps" / "phrases_x_models.yaml").read_text())
     command = spec["command"]
     del command[command.index("--trainer.logger") : command.index("--trainer.logger") + 2]
-    for option, value in (("--data.root", tmp_path / "ms_cxr"), ("--data.image_root", tmp_path / "ms_cxr")):
-        command[command.index(option) + 1] = str(value)
+    demo = ensure_ms_cxr_demo()  # the folder --data ms_cxr_demo reads (drawn on first use)
+    for option in ("--data.root", "--data.image_root"):
+        command[command.index(option) + 1] = str(demo)
     command[command.index("ms_cxr")] = "ms_cxr_demo"
     assert spec["metric"]["name"] == "ms_cxr/cnr"
     spec["metric"]["name"] = "ms_cxr_demo/cnr"

@@ -93,7 +93,7 @@ def test_ms_cxr_demo_grounds_phrases_with_cnr_per_category_and_is_ddp_exact(tmp_
     checkpoint = tmp_path / "best_tiny.pt"
     torch.save(chexzero_reference.state_dict("tiny", seed=0), checkpoint)
     args = ("test", "--model", "chexzero", "--model.architecture", str(architecture), "--model.checkpoint", str(checkpoint),
-            "--data", "ms_cxr_demo", "--data.root", str(tmp_path / "demo"), "--data.batch_size", "3", "--model.bootstrap", "50")
+            "--data", "ms_cxr_demo", "--data.batch_size", "3", "--model.bootstrap", "50")
     one, two, _ = one_and_two_processes(tmp_path, *args)
     assert one == two
     table = one["datasets"]["ms_cxr_demo"]
@@ -112,12 +112,12 @@ def test_heatmap_samples_name_the_phrase_they_ground(tmp_path):
     categories: each draws its own figures)."""
     import csv
 
-    result = in_process("test", "--model", "center", "--data", "ms_cxr_demo", "--data.root", str(tmp_path / "demo"),
+    result = in_process("test", "--model", "center", "--data", "ms_cxr_demo",
                         "--data.classes", "[Cardiomegaly, Pneumothorax]",
                         "--config", str(Path(__file__).resolve().parents[1] / "callbacks" / "png.yaml"), "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "run" / "heatmaps" / "samples.csv").open() as f:
         rows = list(csv.DictReader(f))
-    records = {r.image_id: r for r in xbench_pl.create_datamodule("ms_cxr_demo", root=str(tmp_path / "demo")).prepare_records()}
+    records = {r.image_id: r for r in xbench_pl.create_datamodule("ms_cxr_demo").prepare_records()}
     assert {row["finding"] for row in rows} == {"Cardiomegaly", "Pneumothorax"}
     assert all(row["query"] == records[row["image_id"]].queries[row["finding"]] for row in rows)
