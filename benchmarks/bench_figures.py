@@ -60,7 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     repeats = parser.parse_args().repeats
-    times, figures = {}, drawings()  # (name, layout) -> seconds
+    figures = drawings()
+    times = {}  # (name, layout) -> seconds
     for name, draw in figures.items():
         draw()  # warm: fonts, colour maps
         for _ in range(repeats):
