@@ -114,6 +114,9 @@ def test_abbreviated_options_are_refused_and_the_hint_names_the_command(capsys, 
 @pytest.mark.parametrize("argv, shown, hidden", [
     (["--model.help", "center"], ["--model.sigma", "the Gaussian's standard deviation"], []),
     (["--model", "center", "--model.help"], ["--model.sigma", "--model.normalize"], []),
+    # beside a run's options (spelled with "=" too, and a --data.root that is no folder): a help builds nothing
+    (["--model.help", "center", "--data", "demo"], ["--model.sigma"], ["--data.negatives"]),
+    (["--model.help=center", "--data", "nih_bbox", "--data.root", "/no/such/folder"], ["--model.sigma"], []),
     (["--model.help", "kad"], ["--model.query_set", "--model.normalize"], ["--model.sigma"]),
     (["--data.help", "demo"], ["--data.negatives", "--data.batch_size"], []),
     (["--data", "chexlocalize", "--data.help"], ["--data.regions", "--data.split"], ["--data.negatives"]),

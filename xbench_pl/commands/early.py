@@ -145,18 +145,23 @@ def reads_root(data_class: str | None) -> bool:
     return data_class is not None and not data_class.endswith("DemoDataModule")
 
 
+def flags(argv: list[str]) -> list[str]:
+    """Each argument's flag, as the parser reads it: ``--model.help=NAME`` is the flag ``--model.help``."""
+    return [arg.partition("=")[0] for arg in argv]
+
+
 def asks_help(argv: list[str]) -> bool:
     """Whether a ``test``/``fit`` command line asks for a help or a printed config: nothing is built or written."""
-    return any(arg.split("=")[0] in HELP_FLAGS or arg.endswith(".help") for arg in argv)
+    return any(flag in HELP_FLAGS or flag.endswith(".help") for flag in flags(argv))
 
 
 def wants_quick_help(argv: list[str]) -> bool:
     """Whether a ``test``/``fit`` command line asks for the command's help (``-h``/``--help``), which
     ``trainer_help`` answers without the parser, and nothing the parser must answer (``--model.help NAME``,
     ``--print_config``, ``--config``)."""
-    flags = [arg.partition("=")[0] for arg in argv]
-    return (any(flag in ("-h", "--help") for flag in flags)
-            and not any(flag.endswith(".help") or flag in PARSER_FLAGS for flag in flags))
+    given = flags(argv)
+    return any(flag in ("-h", "--help") for flag in given) and not any(flag.endswith(".help") or flag in PARSER_FLAGS
+                                                                       for flag in given)
 
 
 def trainer_problem(argv: list[str]) -> str | None:

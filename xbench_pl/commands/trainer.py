@@ -61,8 +61,8 @@ def resolve_names(argv: list[str]) -> list[str]:
     registered name, and an unknown one raises ``UnknownName`` listing the available names.
     ``--model VALUE`` is followed by ``--model_name VALUE``: the name the report shows (it is
     part of the config, so a saved ``--print_config`` keeps it). ``--model.help NAME`` (and
-    ``--model NAME --model.help``: the model given) shows the options of NAME's class; so does
-    ``--data.help``. Old model argument names become the new ones (``renamed_model_options``).
+    ``--model NAME --model.help``: the model given) shows the options of NAME's class, whatever else the line
+    gives; so does ``--data.help``. Old model argument names become the new ones (``renamed_model_options``).
     """
     kinds = {"--model": "models", "--data": "data"}
     out, i = [], 0
@@ -72,9 +72,9 @@ def resolve_names(argv: list[str]) -> list[str]:
         kind = kinds.get(flag.removesuffix(".help"))
         if kind and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             value, i = argv[i + 1], i + 1
-        if kind and flag.endswith(".help"):
+        if kind and flag.endswith(".help"):  # the whole answer: the line's other options are not parsed for it
             value = value or take_option(argv, flag.removesuffix(".help"))[0] or ""
-            out += [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
+            return [flag] + ([class_path(kind, value) if is_name(value) else value] if value else [])
         elif kind and value:
             given = str(config_path(kind, value)) if is_name(value) else value
             out += [flag, renamed_model_config(given) if kind == "models" and given == value else given]
