@@ -75,9 +75,9 @@ def write_store(data: Path, folder: Path, classes: list[str], side: int, eval_si
 
 
 def classes_of(data: Path) -> list[str]:
-    from xbench_pl.data.nih_bbox import NIHBoxDataModule
+    from xbench_pl.data.nih_bbox import NIHBoxData
 
-    return list(NIHBoxDataModule(root=str(data)).classes)
+    return list(NIHBoxData(root=str(data)).classes)
 
 
 def main() -> int:

@@ -5,7 +5,8 @@
 The command lines: every command's ``--help``, the typical early errors (an unknown model or dataset, a
 ``--data.root`` that is no folder, an ``--out`` that cannot be written, a bad number or choice), each as a user types
 it, and whole runs on the demo: ``test`` of the ``center`` baseline (native maps: no explainer library should
-load) writing a prediction store, then ``score``, ``export`` and ``store upgrade`` of that store. Run: ``python benchmarks/bench_startup.py
+load) writing a prediction store, then ``score``, ``compare`` (the store with itself), ``export`` and ``store upgrade``
+of that store, and ``describe`` of the demo. Run: ``python benchmarks/bench_startup.py
 [--repeats 3] [--only test] [--repo DIR]`` (``--repo``: another checkout to measure, e.g. an older commit's
 ``git archive``, for a before/after on the same machine).
 """
@@ -46,6 +47,9 @@ LINES = [
     ("test: a native run (center, demo)", ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "0",
                                            "--predictions", "{work}/store", "--out", "{work}/test"]),
     ("score: a run (the store above)", ["score", "--predictions", "{work}/store", "--out", "{work}/score"]),
+    ("compare: a run (the store above, with itself)", ["compare", "--predictions", "{work}/store", "{work}/store",
+                                                      "--bootstrap", "0", "--out", "{work}/compare"]),
+    ("describe: a run (demo)", ["describe", "--data", "demo"]),
     ("export: a run (the store above)", ["export", "--predictions", "{work}/store", "--to", "npy", "--out", "{work}/npy"]),
     ("store upgrade: a run (the store above)", ["store", "upgrade", "{work}/store"]),
 ]

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 import xbench_pl
-from xbench_pl.data.chestx_det10 import ChestXDet10DataModule
-from xbench_pl.data.nih_bbox import DemoDataModule
+from xbench_pl.data.chestx_det10 import ChestXDet10Data
+from xbench_pl.data.nih_bbox import DemoData
 from xbench_pl.data.pooled import PooledDataModule
 from xbench_pl.geometry import Preprocess
 from xbench_pl.data.vocabulary import NATIVE_CLASSES
@@ -45,8 +45,8 @@ def test_batches_from_each_dataset_with_its_classes(det10_root):
 
 def test_uniform_baseline_fills_results_for_every_dataset(det10_root):
     pooled = PooledDataModule(["demo", "chestx_det10"], root=str(det10_root), batch_size=4, eval_size=32)
-    assert isinstance(pooled.datamodules[1], ChestXDet10DataModule) and pooled.datamodules[1].root == det10_root / "chestx_det10"
-    assert isinstance(pooled.datamodules[0], DemoDataModule)  # no demo folder under root: its own default
+    assert isinstance(pooled.datamodules[1], ChestXDet10Data) and pooled.datamodules[1].root == det10_root / "chestx_det10"
+    assert isinstance(pooled.datamodules[0], DemoData)  # no demo folder under root: its own default
     model = xbench_pl.create_model("uniform")
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)

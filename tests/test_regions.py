@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from xbench_pl.data.annotations import ImageIndex, checked_box, find_one, parse_box, parse_polygon
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box, Mask, Polygon, rasterize_union
 
@@ -107,7 +107,7 @@ def test_find_one_prefers_earlier_patterns_and_names_ambiguity(tmp_path):
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_regions_empty_on_the_grid_are_reported(on_error):
     # 96 x 128 image on an 8 x 8 eval grid: an eval pixel spans 16 x 12 original pixels
-    dm = XBenchDataModule(eval_size=8, on_error=on_error)
+    dm = XBenchData(eval_size=8, on_error=on_error)
     one_pixel = np.zeros((96, 128), bool)
     one_pixel[1, 1] = True
     regions = {
@@ -129,7 +129,7 @@ def test_regions_empty_on_the_grid_are_reported(on_error):
     assert "covers no pixel of the 128x96 image" in problems[("Effusion", "1", "empty_on_grid")]
     assert "1 point(s) outside (first: (-40, 10))" in problems[("Effusion", "0", "clipped")]
     # a finer grid keeps the small ones
-    fine = XBenchDataModule(eval_size=128)
+    fine = XBenchData(eval_size=128)
     record = Record("a", None, {}, regions={"Mass": [Box(1, 1, 3, 3)], "Edema": [Mask(one_pixel)]})
     fine.fit_regions(record, 96, 128)
     assert len(record.regions["Mass"]) == len(record.regions["Edema"]) == 1 and fine.problems == []

@@ -25,11 +25,13 @@ def test_map_similarity_allocates_no_product_of_all_pairs():
 def test_score_boxes_feeds_the_metrics_a_bounded_share_of_maps(truth, tmp_path, monkeypatch):
     fed = []
 
-    def zero_shot(self, images, classes):
-        fed.append(self.answer.saliency.shape)
-        return self.answer
+    judge = Replayer.update_metrics
 
-    monkeypatch.setattr(Replayer, "zero_shot", zero_shot)
+    def update_metrics(self, batch, output):
+        fed.append(output.saliency.shape)
+        return judge(self, batch, output)
+
+    monkeypatch.setattr(Replayer, "update_metrics", update_metrics)
     boxes = write_csv(tmp_path / "boxes.csv", truth)
     assert main(["score", "--boxes", str(boxes), "--data", "demo", "--out", str(tmp_path / "out"), "--bootstrap", "0"]) == 0
     assert sum(shape[0] for shape in fed) == 12 and fed[0][-2:] == (512, 512)  # every image, maps on the eval grid

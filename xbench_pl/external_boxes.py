@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
-from xbench_pl.data.base import Record, XBenchDataModule, XBenchDataset
+from xbench_pl.data.base import Record, XBenchData, XBenchDataset
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box
 from xbench_pl.external_maps import finding_name, replay_items
@@ -156,7 +156,7 @@ def parse_row(row: int, values: dict | str, columns: set[str]) -> BoxRow:
 
 def read_boxes(path: str | Path, report: Callable[[DataError], None]) -> tuple[list[BoxRow], set[str]]:
     """The well-formed rows of a box file and its columns; each malformed row goes to ``report``
-    (``XBenchDataModule.report``: raise, or count it with ``on_error="skip"``)."""
+    (``XBenchData.report``: raise, or count it with ``on_error="skip"``)."""
     columns, rows = read_rows(path)
     out = []
     for row, values in rows:
@@ -172,8 +172,8 @@ def outside(box: Box, height: int, width: int) -> bool:
     return box.x0 < 0 or box.y0 < 0 or box.x1 > width or box.y1 > height
 
 
-def check_rows(rows: list[BoxRow], path: Path, datamodules: list[XBenchDataModule],
-               records: dict[str, tuple]) -> list[tuple[XBenchDataModule, BoxRow]]:
+def check_rows(rows: list[BoxRow], path: Path, datamodules: list[XBenchData],
+               records: dict[str, tuple]) -> list[tuple[XBenchData, BoxRow]]:
     """Each usable row with its dataset and the dataset's finding name; a row of an image none of
     ``datamodules`` evaluates (``records``: image id -> (datamodule, Record, (H, W))), of an unknown
     finding, with a box outside its image or a score its pair's earlier rows contradict goes to the
@@ -240,7 +240,7 @@ def pair_scores(rows: list[BoxRow], recognition: str | None) -> dict[tuple[str, 
     return scores
 
 
-def score_boxes(child: XBenchDataModule, records: list[Record], sizes: dict[str, tuple[int, int]], rows: list[BoxRow],
+def score_boxes(child: XBenchData, records: list[Record], sizes: dict[str, tuple[int, int]], rows: list[BoxRow],
                 recognition: str | None, replayer: Replayer, chunk: int) -> bool:
     """Feed one dataset's box maps into ``replayer``, every evaluated image (one without a box has zero maps);
     returns whether it had scores."""
@@ -269,7 +269,7 @@ def score_boxes(child: XBenchDataModule, records: list[Record], sizes: dict[str,
     return scored
 
 
-def score_box_file(path: str | Path, datamodule: XBenchDataModule, replayer: Replayer, chunk: int) -> dict[str, tuple[int, int, bool]]:
+def score_box_file(path: str | Path, datamodule: XBenchData, replayer: Replayer, chunk: int) -> dict[str, tuple[int, int, bool]]:
     """Score the box file ``path`` on every dataset of ``datamodule``: ``{dataset: (images, images with a box, scored)}``."""
     path = Path(path)
     children = datamodule.datamodules

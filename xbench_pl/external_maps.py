@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
-from xbench_pl.data.base import XBenchDataModule, XBenchDataset
+from xbench_pl.data.base import XBenchData, XBenchDataset
 from xbench_pl.data.errors import DataError, Problem
 from xbench_pl.data.vocabulary import canonical
 from xbench_pl.geometry import Preprocess
@@ -158,7 +158,7 @@ def read_scores(path: Path) -> dict[tuple[str, str], float]:
     return scores
 
 
-def score_dataset(child: XBenchDataModule, maps: Path, files: list[tuple[str, str, Path]], scores: dict,
+def score_dataset(child: XBenchData, maps: Path, files: list[tuple[str, str, Path]], scores: dict,
                   preprocess: Preprocess | None, replayer: Replayer, chunk: int) -> tuple[int, bool]:
     """Feed one dataset's maps (``files``, found in the folder ``maps``) into ``replayer``: returns (images scored,
     whether every pair had a score)."""

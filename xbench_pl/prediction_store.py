@@ -19,7 +19,7 @@ dtype: float16 by default, float32 for bit-identical re-scoring), ``affine [N, 4
 reference), plus the shard's ``dataset``, ``classes`` and ``input_size`` (the side of the model
 input the maps span): exactly what ``ZeroShotModel.test_step`` reads of a batch and of the model's
 answer to warp the maps to the eval grid and feed ``BenchmarkMetrics`` (``replay`` runs that very
-step). Regions are not stored: they come from the dataset, rasterised on the eval grid of whatever
+judging, ``Judge.update_metrics``). Regions are not stored: they come from the dataset, rasterised on the eval grid of whatever
 ``--data.eval_size`` re-scoring asks for.
 
 A shard file (format 2) is a safetensors file: the five arrays as tensors, and in its string
@@ -322,6 +322,8 @@ def check_same_config(store: Store, stored: dict | None, wanted: dict) -> None:
     if stored.get("format", 1) < FORMAT:
         raise StoreError(f"the prediction store {store} is in format {stored.get('format', 1)} (*{LEGACY_SUFFIX} shards), "
                          f"read-only: convert it to format {FORMAT} with {upgrade_hint(store)}, then resume")
+    # a setting an older manifest records that is no judging setting now (fit's trainable, lr, weight_decay) is not compared
+    stored = {**stored, "metrics": {k: v for k, v in stored.get("metrics", {}).items() if k in wanted.get("metrics", {})}}
     diff = differences(stored, wanted)
     if diff:
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")

@@ -1,19 +1,17 @@
 """Replaying a prediction store (``xbench_pl.prediction_store``) into the benchmark's metrics: ``score
 --predictions DIR``, ``compare``, ``score --maps``/``--boxes`` (maps and boxes made elsewhere, fed the same way)
-and a resumed ``test`` run. ``replay`` runs ``ZeroShotModel.test_step`` itself on batches rebuilt from the stored
-affine, sizes and maps and the dataset's labels and regions.
+and a resumed ``test`` run. ``replay`` judges batches rebuilt from the stored affine, sizes and maps and the dataset's
+labels and regions with ``judging.Judge``, which ``ZeroShotModel.test_step`` judges a live forward with. No Lightning
+is imported here.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
-from torch import nn
 
 from xbench_pl.console import QUIET_SECONDS, ProgressLines
-from xbench_pl.data.base import Batch, XBenchDataModule, XBenchDataset
-from xbench_pl.models.base import EXPLAINER_ARGS, TRUST_ARGS, ZeroShotModel, ZeroShotOutput
+from xbench_pl.data.base import Batch, XBenchData, XBenchDataset
+from xbench_pl.judging import Judge, ZeroShotOutput
 from xbench_pl.prediction_store import Store, StoreError
 
 #: native-map pixels of one replayed metric update at most: the metrics' float64 temporaries of large maps (box
@@ -21,27 +19,14 @@ from xbench_pl.prediction_store import Store, StoreError
 UPDATE_PIXELS = 2**22
 
 
-def metric_settings(model) -> dict:
-    """A model's values of ``ZeroShotModel``'s own arguments (normalisation, thresholds and every other
-    metric setting the base class takes), read from its attributes of the same names; not the explainer's,
-    which make the maps (the manifest's ``explainer``), nor the trust measures', which need the model itself."""
-    names = [name for name in inspect.signature(ZeroShotModel.__init__).parameters if name not in ("self", *EXPLAINER_ARGS, *TRUST_ARGS)]
-    return {name: getattr(model, name) for name in names if hasattr(model, name)}
+class Replayer(Judge):
+    """A ``Judge`` of stored predictions on ``device``, without a model: ``replay`` feeds it batches rebuilt from a
+    store, judged exactly as in the run that made them; ``settings``: ``Judge``'s arguments (``judging.judge_settings``
+    of that run)."""
 
-
-class Replayer(ZeroShotModel):
-    """A ``ZeroShotModel`` whose ``zero_shot`` answers with stored predictions: its ``test_step``
-    (the benchmark's own, unchanged) then warps and counts them exactly as in the run that made
-    them. ``benchmark``: the metrics to feed (shared with a live model when resuming)."""
-
-    def __init__(self, benchmark: nn.ModuleDict | None = None, **settings):
-        super().__init__(**settings)  # ZeroShotModel's own arguments: the metric settings (``metric_settings``)
-        if benchmark is not None:
-            self.benchmark = benchmark
-        self.answer: ZeroShotOutput | None = None
-
-    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
-        return self.answer
+    def __init__(self, device: torch.device | str = "cpu", **settings):
+        super().__init__(**settings)
+        self.device = torch.device(device)
 
 
 def images_per_update(chunk: int, classes: int, height: int, width: int) -> int:
@@ -50,10 +35,10 @@ def images_per_update(chunk: int, classes: int, height: int, width: int) -> int:
     return max(1, min(chunk, UPDATE_PIXELS // (classes * height * width)))
 
 
-def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, device: torch.device | str = "cpu",
+def replay(judge: Judge, dataset, shard: dict, skip: set | None = None, device: torch.device | str = "cpu",
            chunk: int = 64) -> list[str]:
-    """Feed a shard's images that ``dataset`` evaluates (minus ``skip``) into ``replayer.benchmark``
-    through ``ZeroShotModel.test_step``: a ``Batch`` is rebuilt from the stored affine, original
+    """Feed a shard's images that ``dataset`` evaluates (minus ``skip``) into ``judge.benchmark``
+    (``Judge.update_metrics``, as ``ZeroShotModel.test_step``): a ``Batch`` is rebuilt from the stored affine, original
     size and input size and the dataset's labels and regions (``XBenchDataset.targets``: no image
     is read), and the model's answer is the stored scores and native maps. Returns the image ids fed.
 
@@ -65,7 +50,7 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
         raise StoreError(f"{shard.get('path', 'a shard')}: classes {list(shard['classes'])} differ from the dataset's "
                          f"{list(dataset.classes)}")
     position = {record.image_id: i for i, record in enumerate(dataset.records)}
-    replayer.region_datasets[dataset.name] = dataset  # full-resolution regions, for cxl mode
+    judge.region_datasets[dataset.name] = dataset  # full-resolution regions, for cxl mode
     skip = skip or set()
     rows = [row for row, image_id in enumerate(shard["image_ids"]) if image_id in position and image_id not in skip]
     size = int(shard["input_size"])
@@ -93,18 +78,17 @@ def replay(replayer: Replayer, dataset, shard: dict, skip: set | None = None, de
             region_index=torch.cat(region_index).to(device),
             index=torch.tensor([position[i] for i in ids], device=device), counted=torch.ones(n, dtype=torch.bool, device=device),
         )
-        replayer.answer = ZeroShotOutput(scores=shard["scores"][part].to(device), saliency=shard["saliency"][part].to(device))
+        answer = ZeroShotOutput(scores=shard["scores"][part].to(device), saliency=shard["saliency"][part].to(device))
         with torch.inference_mode():
-            replayer.test_step(batch, 0)
-        replayer.answer = None
+            judge.update_metrics(batch, answer)
         fed += ids
     return fed
 
 
-def metrics_replayer(datamodule: XBenchDataModule, device: torch.device | str = "cpu", **settings) -> Replayer:
-    """A ``Replayer`` (``ZeroShotModel`` metric ``settings``) on ``device`` holding the metrics of every dataset of
-    ``datamodule``, created in the order a test run creates them."""
-    replayer = Replayer(**settings).to(device)
+def metrics_replayer(datamodule: XBenchData, device: torch.device | str = "cpu", **settings) -> Replayer:
+    """A ``Replayer`` (``Judge``'s ``settings``) on ``device`` holding the metrics of every dataset of ``datamodule``,
+    created in the order a test run creates them."""
+    replayer = Replayer(device=device, **settings)
     for spec in datamodule.dataset_specs:
         replayer.add_dataset(spec.name, spec.classes)
     return replayer
@@ -116,10 +100,10 @@ def compute_tables(replayer: Replayer) -> dict[str, dict]:
         return {name: table.compute() for name, table in replayer.benchmark.items()}
 
 
-def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64,
+def replay_store(store: Store, datamodule: XBenchData, metrics: dict, chunk: int = 64,
                  device: torch.device | str = "cpu") -> Replayer:
     """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store, on ``device``; ``metrics``:
-    ``ZeroShotModel``'s arguments (``predictions.metric_settings``) to evaluate with."""
+    ``Judge``'s arguments (``judging.judge_settings``) to evaluate with."""
     good = store.load_intact()
     replayer = metrics_replayer(datamodule, device, **metrics)
     for child in datamodule.datamodules:
@@ -138,7 +122,7 @@ def replay_store(store: Store, datamodule: XBenchDataModule, metrics: dict, chun
     return replayer
 
 
-def rescore(store: Store, datamodule: XBenchDataModule, metrics: dict, chunk: int = 64,
+def rescore(store: Store, datamodule: XBenchData, metrics: dict, chunk: int = 64,
             device: torch.device | str = "cpu") -> dict[str, dict]:
     """Every dataset's table from the store: ``{dataset: BenchmarkMetrics.compute()}`` (``replay_store`` on ``device``)."""
     return compute_tables(replay_store(store, datamodule, metrics, chunk, device))

@@ -6,6 +6,7 @@ dataset is one module plus one such file; the CLI and ``create_*`` find it by it
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -63,10 +64,42 @@ def resolve_class(class_path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def read_config(kind: str, name: str) -> tuple[type, dict]:
-    """The class of a registered name and its default init args."""
+def lightning_datamodules(*data_classes: type) -> Callable[[str], type]:
+    """A dataset module's ``__getattr__``: each of ``data_classes``' (``XBenchData`` subclasses) ``LightningDataModule``
+    by its name, the class's name + ``Module`` (``xbench_pl.data.lightning.datamodule_class``), built when first asked
+    for, so that importing the module imports no Lightning. ``data_classes`` (an attribute of the function) maps each
+    such name to its class, for ``data_class``."""
+    names = {cls.__name__ + "Module": cls for cls in data_classes}
+
+    def __getattr__(name: str) -> type:
+        if name not in names:
+            raise AttributeError(f"module {data_classes[0].__module__!r} has no attribute {name!r}")
+        from xbench_pl.data.lightning import datamodule_class
+
+        return datamodule_class(names[name])
+
+    __getattr__.data_classes = names
+    return __getattr__
+
+
+def data_class(class_path: str) -> type:
+    """The dataset class a data config's class path names, read without Lightning: a dataset's
+    ``LightningDataModule`` built on demand (``lightning_datamodules``) is read as its plain class; any other class
+    as it is."""
+    module, _, name = class_path.rpartition(".")
+    on_demand = vars(importlib.import_module(module)).get("__getattr__")
+    return getattr(on_demand, "data_classes", {}).get(name) or resolve_class(class_path)
+
+
+def read_config(kind: str, name: str, resolve=resolve_class) -> tuple[type, dict]:
+    """The class of a registered name (its config's class path, ``resolve``d) and its default init args."""
     config = yaml.safe_load(config_path(kind, name).read_text())
-    return resolve_class(config["class_path"]), dict(config.get("init_args") or {})
+    return resolve(config["class_path"]), dict(config.get("init_args") or {})
+
+
+def read_data_config(name: str) -> tuple[type, dict]:
+    """A registered dataset's plain class (``data_class``: reading it needs no Lightning) and its default init args."""
+    return read_config("data", name, data_class)
 
 
 #: model arguments renamed so that every family says the same thing by the same name (old -> new); the old

@@ -32,7 +32,6 @@ import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -272,14 +271,18 @@ def git_commit(folder: Path | None = None) -> tuple[str | None, bool | None]:
 
 
 def provenance(trainer, started: float) -> dict:
-    """What produced a report: versions, commit, device, world size, start and wall time."""
-    import lightning
-    import torch
-    import torchmetrics
+    """What produced a report of ``trainer``'s run (``host_provenance``)."""
+    return host_provenance(started, trainer.strategy.root_device, type(trainer.accelerator).__name__, trainer.world_size,
+                           trainer.num_nodes)
+
+
+def host_provenance(started: float, device: torch.device, accelerator: str, world_size: int = 1, num_nodes: int = 1) -> dict:
+    """What produced a report: versions, commit, device, the (Lightning) ``accelerator``, world size, start and wall
+    time. Versions are read from the installed packages' metadata: a run scored without a model imports no Lightning."""
+    from importlib.metadata import version
 
     import xbench_pl
 
-    device = trainer.strategy.root_device
     name = str(device)
     if device.type == "cuda":
         name += f" ({torch.cuda.get_device_name(device)})"
@@ -290,12 +293,12 @@ def provenance(trainer, started: float) -> dict:
         "git_dirty": dirty,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "lightning": lightning.__version__,
-        "torchmetrics": torchmetrics.__version__,
+        "lightning": version("lightning"),
+        "torchmetrics": version("torchmetrics"),
         "device": name,
-        "accelerator": type(trainer.accelerator).__name__,
-        "world_size": trainer.world_size,
-        "num_nodes": trainer.num_nodes,
+        "accelerator": accelerator,
+        "world_size": world_size,
+        "num_nodes": num_nodes,
         "started": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
         "wall_time_s": round(time.time() - started, 3),
     }
@@ -346,16 +349,10 @@ def publish_report(report: dict, out_dir: str | Path | OutputFolder, columns: li
     return out
 
 
-def score_host() -> SimpleNamespace:
-    """What ``provenance`` reads of a trainer, for a run without one (one CPU process)."""
-    from lightning.pytorch.accelerators import CPUAccelerator
-
-    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), accelerator=CPUAccelerator(),
-                           world_size=1, num_nodes=1)
-
-
 def publish_scores(out: str, started: float, scored_from: str, columns: list[str] | str | None = None, **report) -> Path:
     """Write and print the report (``build_report`` arguments) of a run scored without a model:
     one CPU process, ``scored_from`` the store or maps folder; ``columns`` as ``publish_report``'s."""
-    report = build_report(**report, provenance={**provenance(score_host(), started), "scored_from": scored_from})
+    # one CPU process, named as a test run on the CPU names its accelerator (Lightning's CPUAccelerator)
+    host = host_provenance(started, torch.device("cpu"), "CPUAccelerator")
+    report = build_report(**report, provenance={**host, "scored_from": scored_from})
     return publish_report(report, out, columns)

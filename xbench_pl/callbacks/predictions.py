@@ -9,7 +9,7 @@ and at the end of the epoch (or when the run raises), so a crash loses at most t
 the last shard.
 
 ``resume=True`` continues a store: the images of its intact shards are left out of the test
-loader (``XBenchDataModule.skip_ids``) and fed to the metrics from the store instead, through the
+loader (``XBenchData.skip_ids``) and fed to the metrics from the store instead, through the
 same warp and ``BenchmarkMetrics.update`` (``predictions.replay``), spread over the ranks; a
 truncated or corrupt shard is set aside (``DIR/corrupt/``) and its images computed again. With a
 float32 store (or a model whose maps are float16) ``metrics.json`` then equals an uninterrupted
@@ -31,7 +31,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from xbench_pl.console import note
 from xbench_pl.outputs import OutputError, write_failure
 from xbench_pl.prediction_store import DTYPES, Store, StoreError, check_same_config, manifest
-from xbench_pl.predictions import Replayer, metric_settings, replay
+from xbench_pl.judging import judge_settings
+from xbench_pl.predictions import replay
 from xbench_pl.registry import qualified_name
 
 
@@ -94,7 +95,7 @@ class PredictionWriter(Callback):
         }
 
     def wanted_manifest(self, trainer, pl_module) -> dict:
-        return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), metric_settings(pl_module), self.dtype,
+        return manifest(self.model_name, self.config or self.default_config(trainer, pl_module), judge_settings(pl_module), self.dtype,
                         bool(getattr(pl_module, "random_weights", False)), getattr(pl_module, "explainer_info", None))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -152,11 +153,10 @@ class PredictionWriter(Callback):
         for name in {shard["dataset"] for shard in self.pending}:
             if name not in pl_module.benchmark:
                 pl_module.add_dataset(name, children[name].classes)
-        # the model's own metrics, fed by the benchmark's own test_step with the stored answers
-        replayer = Replayer(pl_module.benchmark, **metric_settings(pl_module))
+        # the stored answers into the model's own metrics, judged by the model itself (a ZeroShotModel is a Judge)
         while self.pending:
             shard = self.pending.pop(0)
-            replay(replayer, children[shard["dataset"]].test_set, shard, device=pl_module.device)
+            replay(pl_module, children[shard["dataset"]].test_set, shard, device=pl_module.device)
 
     # -- writing -------------------------------------------------------------------------------
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:

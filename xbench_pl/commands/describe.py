@@ -26,10 +26,10 @@ from jsonargparse import ArgumentParser
 from xbench_pl.commands.arguments import command_help, take_option
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError, Problem
-from xbench_pl.registry import available, read_config
+from xbench_pl.registry import available, read_data_config
 
-if TYPE_CHECKING:  # the datamodule classes import Lightning: --help starts without it
-    from xbench_pl.data.base import Record, XBenchDataModule
+if TYPE_CHECKING:  # the data classes import torch: --help starts without it
+    from xbench_pl.data.base import Record, XBenchData
 
 
 def summarize(records: list[Record], classes: list[str], problems: list[Problem]) -> dict:
@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --data NAME is required; available: {available('data')}", file=sys.stderr)
         return 2
     try:
-        datamodule_class, defaults = read_config("data", name)
+        datamodule_class, defaults = read_data_config(name)
     except KeyError as error:
         print(f"error: --data: {error}", file=sys.stderr)
         return 2
     args = build_parser(datamodule_class, defaults).parse_args(rest)
-    datamodule: XBenchDataModule = datamodule_class(**args.data.as_dict())
+    datamodule: XBenchData = datamodule_class(**args.data.as_dict())
     pooled = datamodule.datamodules != [datamodule]
     summaries, failed = {}, False
     for child in datamodule.datamodules:

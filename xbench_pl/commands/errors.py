@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import traceback
 from argparse import ArgumentError
 from pathlib import Path
@@ -53,16 +54,17 @@ def _option_of(error: BaseException, message: str) -> tuple[str, str]:
     ``--model.ARG`` for the class's argument ARG that the message is about, else ``--data`` or ``--model``; no
     option for an error raised elsewhere. The message is about ARG where it begins with ARG (named once: the
     message goes on after it), says ``ARG=...``, or begins with ARG's value (a file)."""
-    from xbench_pl.data.base import XBenchDataModule
-    from xbench_pl.models.base import ZeroShotModel
+    from xbench_pl.data.base import XBenchData
 
+    models = sys.modules.get("xbench_pl.models.base")  # not imported: no model was built (describe, score)
+    owners = (XBenchData, models.ZeroShotModel) if models is not None else (XBenchData,)
     for frame, _ in traceback.walk_tb(error.__traceback__):
         owner = frame.f_locals.get("self")
-        if frame.f_code.co_name != "__init__" or not isinstance(owner, (XBenchDataModule, ZeroShotModel)):
+        if frame.f_code.co_name != "__init__" or not isinstance(owner, owners):
             continue
         if message.startswith("--"):  # it names its option itself
             return "", message
-        option, arguments = "--data" if isinstance(owner, XBenchDataModule) else "--model", _init_arguments(type(owner))
+        option, arguments = "--data" if isinstance(owner, XBenchData) else "--model", _init_arguments(type(owner))
         leading = re.match(r"([a-z_][a-z0-9_]*)(:\s*|\s+)(?=\S)", message)
         if leading and leading.group(1) in arguments:
             return f"{option}.{leading.group(1)}", message[leading.end():]

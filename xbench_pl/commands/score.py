@@ -37,7 +37,7 @@ from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError
 from xbench_pl.options import GridThreshold
 from xbench_pl.outputs import check_writable
-from xbench_pl.registry import qualified_name, read_config, resolve_class
+from xbench_pl.registry import class_path, data_class, read_data_config
 
 # torch, albumentations and the metrics (xbench_pl.run_files, geometry, predictions) load only where a command runs: --help
 # and option errors start without them
@@ -45,8 +45,8 @@ from xbench_pl.registry import qualified_name, read_config, resolve_class
 MAPS_HELP = """``python -m xbench_pl score --maps DIR --data NAME [--data.ARG V] [--out DIR] [--cxl true] ...``.
 
 Scores saliency maps made by anything (Grad-CAM, attention rollout, a new method) with the
-benchmark's own metrics: the maps go through the same warp to the eval grid, the same
-``ZeroShotModel.test_step`` and ``BenchmarkMetrics`` as a ``test`` run (``predictions.replay``),
+benchmark's own metrics: the maps go through the same warp to the eval grid, the same judging
+(``judging.Judge``, as ``ZeroShotModel.test_step``) and ``BenchmarkMetrics`` as a ``test`` run (``predictions.replay``),
 so ``metrics.json`` / ``metrics.md`` have the same layout. No model is built; images are not
 decoded (only their headers, for their size).
 
@@ -152,7 +152,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     """A prediction store and what to score it on: ``store``, its manifest ``stored``, the run's ``config``
     (with the data and metric settings ``rest`` changes), the ``datamodule`` (``--data NAME``/``--data.ARG V``
     in ``rest``, else the store's), the metric settings ``metrics`` and the parsed ``args``."""
-    from xbench_pl.prediction_store import Store  # here, not at the top: --help starts without torch
+    from xbench_pl.judging import JUDGE_ARGS  # here, not at the top: --help starts without torch
+    from xbench_pl.prediction_store import Store
 
     store = Store(folder)
     stored = store.read_manifest()
@@ -163,10 +164,10 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     name, rest = take_option(rest, "--data")
     data_config = config.get("data") or {}
     if name is not None:
-        datamodule_class, defaults = read_config("data", name)
-        base = {"class_path": qualified_name(datamodule_class), "init_args": dict(defaults)}
+        datamodule_class, defaults = read_data_config(name)
+        base = {"class_path": class_path("data", name), "init_args": dict(defaults)}
     elif "init_args" in data_config:
-        datamodule_class, base = resolve_class(data_config["class_path"]), data_config
+        datamodule_class, base = data_class(data_config["class_path"]), data_config
     else:
         raise UsageProblem(f"the store {folder} records no data config (written by the callback outside the CLI): "
                            "give the dataset with --data NAME [--data.ARG V]")
@@ -180,7 +181,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     for key, value in chosen_metrics.items():
         if key in init_args or value != stored.get("metrics", {}).get(key):
             init_args[key] = value
-    metrics = {**stored.get("metrics", {}), **chosen_metrics}  # every metric setting of the run, as asked
+    # every metric setting of the run, as asked (an older store's manifest also records fit's options: not read)
+    metrics = {k: v for k, v in {**stored.get("metrics", {}), **chosen_metrics}.items() if k in JUDGE_ARGS}
     return SimpleNamespace(store=store, stored=stored, config=config, datamodule=datamodule_class(**chosen), metrics=metrics, args=args)
 
 
@@ -263,7 +265,7 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
         return 2
     try:
         columns, rest = take_columns(rest)
-        datamodule_class, defaults = read_config("data", name)
+        datamodule_class, defaults = read_data_config(name)
     except UsageProblem as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -277,7 +279,8 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
     args = parser.parse_args(rest)
     check_writable({"--out": args.out})
     settings = {"cxl": args.cxl} if cxl else {}
-    return SimpleNamespace(source=Path(source), columns=columns, datamodule_class=datamodule_class, chosen=args.data.as_dict(),
+    return SimpleNamespace(source=Path(source), columns=columns, datamodule_class=datamodule_class,
+                           data_class_path=class_path("data", name), chosen=args.data.as_dict(),
                            metrics={k: getattr(args, k) for k in METRIC_OPTIONS}, settings={**settings, "bootstrap": args.bootstrap},
                            args=args)
 
@@ -302,7 +305,7 @@ def publish_external(run: SimpleNamespace, started: float, key: str, datamodule,
     for name, all_scored in scored.items():
         if not all_scored:
             grounding_only(results[name])
-    config = {key: str(run.source), "data": {"class_path": qualified_name(run.datamodule_class), "init_args": run.chosen},
+    config = {key: str(run.source), "data": {"class_path": run.data_class_path, "init_args": run.chosen},
               "model": {"init_args": {**run.metrics, **run.settings}, **model_config,
                         "scores": "given" if all(scored.values()) else "none or incomplete: grounding only"}}
     return publish_scores(run.args.out, started, str(run.source), model=f"{key}:{run.source.name}", results=results,

@@ -37,7 +37,7 @@ from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, 
 from xbench_pl.commands.errors import UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import is_rank_zero, say
-from xbench_pl.data.base import XBenchDataModule
+from xbench_pl.data.lightning import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.options import ExplainerName

@@ -1,10 +1,14 @@
 """The data contract every dataset follows: records in, model-ready batches out.
 
-A datamodule only has to turn its native files into ``Record``s (``load_records``); the
-base class does splits, bad-input policy, the image check, decoding (optionally cached),
-preprocessing, region rasterisation, batching and exact distributed sampling.
+A dataset only has to turn its native files into ``Record``s (``load_records``); the base class
+``XBenchData`` does splits, bad-input policy, the image check, decoding (optionally cached),
+preprocessing, region rasterisation, batching and exact distributed sampling. It is a plain class, so
+that reading a dataset needs no Lightning (``describe``, ``score``, ``compare``); each dataset's
+``LightningDataModule``, which ``test`` and ``fit`` run, is its class name + ``Module`` in its own
+module (``NIHBoxData`` -> ``NIHBoxDataModule``), built on first use (``registry.lightning_datamodules``,
+``xbench_pl.data.lightning``).
 
-Over 500 lines on purpose: the one data contract (``Record``, ``Batch``) and the base datamodule that does
+Over 500 lines on purpose: the one data contract (``Record``, ``Batch``) and the base class that does
 everything but reading native files for every dataset; a dataset module only adds ``load_records``.
 """
 
@@ -15,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-import lightning as L
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
@@ -28,7 +31,7 @@ from xbench_pl.data.io import read_image_header
 from xbench_pl.data.regions import Box, Polygon, Region, rasterize_union
 from xbench_pl.geometry import Preprocess
 
-#: what a bad input does: stop the run naming it, or leave it out and report it (``XBenchDataModule.report``)
+#: what a bad input does: stop the run naming it, or leave it out and report it (``XBenchData.report``)
 OnError = Literal["raise", "skip"]
 
 
@@ -208,8 +211,9 @@ class DatasetSpec:
     classes: list[str]
 
 
-class XBenchDataModule(L.LightningDataModule):
-    """Base of every dataset.
+class XBenchData:
+    """Base of every dataset: its records, their checks and its data loaders (Lightning's hooks ``setup``,
+    ``test_dataloader``, ``train_dataloader``, ``val_dataloader``, as plain methods).
 
     Subclasses set ``name`` and ``default_classes`` (optionally ``available_classes``, a superset
     ``classes`` may choose from) and implement ``load_records``.
@@ -327,9 +331,9 @@ class XBenchDataModule(L.LightningDataModule):
             raise error
         self.problems.append(error.problem)
 
-    # -- Lightning hooks ---------------------------------------------------------------------
+    # -- Lightning's hooks, as plain methods ---------------------------------------------------
     @property
-    def datamodules(self) -> list[XBenchDataModule]:
+    def datamodules(self) -> list[XBenchData]:
         """The datasets this module evaluates, each reported on its own: itself (pooled: its children)."""
         return [self]
 
@@ -340,12 +344,20 @@ class XBenchDataModule(L.LightningDataModule):
     def resolve_preprocess(self) -> Preprocess:
         """The preprocessing to apply: as given, else that of the model under test (looked up anew
         at every setup, so one datamodule can serve several models in turn)."""
-        if self.preprocess is not None:
-            return self.preprocess
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        if model is None or getattr(model, "preprocess", None) is None:
+        preprocess = self.preprocess if self.preprocess is not None else self.model_preprocess()
+        if preprocess is None:
             raise ValueError(f"{self.name}: no preprocess given and no model to take it from")
-        return model.preprocess
+        return preprocess
+
+    def model_preprocess(self) -> Preprocess | None:
+        """The preprocessing of the model under test: none outside a Lightning run (``XBenchDataModule``'s is its
+        trainer's model's)."""
+        return None
+
+    def is_rank_zero(self) -> bool:
+        """Whether this process writes the dataset's files (``split_out``): always, outside a Lightning run
+        (``XBenchDataModule``: on the global rank zero only)."""
+        return True
 
     def setup(self, stage: str | None = None) -> None:
         if stage in ("fit", "validate"):
@@ -367,8 +379,7 @@ class XBenchDataModule(L.LightningDataModule):
             chosen = {name: [r for r in pool if assignment.get(r.image_id) == name] for name in splits.SETS}
             self.train_set = XBenchDataset(self.name, chosen["train"], self.classes, preprocess, self.eval_size, self.images)
             self.val_set = XBenchDataset(self.name, chosen["val"], self.classes, preprocess, self.eval_size, self.images)
-            rank_zero = self.trainer is None or self.trainer.is_global_zero
-            if self.split_out is not None and rank_zero:
+            if self.split_out is not None and self.is_rank_zero():
                 splits.write_split(self.split_out, pool, assignment)
         for part in (self.train_set, self.val_set):
             part.preprocess = preprocess

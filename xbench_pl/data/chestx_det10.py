@@ -30,22 +30,23 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 Split = Literal["test", "train"]
 SPLITS = get_args(Split)
 
 
-class ChestXDet10DataModule(XBenchDataModule):
+class ChestXDet10Data(XBenchData):
     """ChestX-Det10 boxes.
 
     Args:
         split: ``"test"`` (default, ``test.json``) or ``"train"`` (``train.json``).
         image_dir: folder of the PNGs relative to ``root`` (default: search all of ``root``;
             set it if train and test images sit in different folders under one root).
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "chestx_det10"
@@ -105,3 +106,6 @@ class ChestXDet10DataModule(XBenchDataModule):
         if not isinstance(syms, list) or not isinstance(boxes, list) or len(syms) != len(boxes):
             raise ValueError(f"syms and boxes are not parallel lists ({syms!r} vs {boxes!r})")
         return [canonical(s, self.name) for s in syms], boxes
+
+#: ``ChestXDet10DataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(ChestXDet10Data)

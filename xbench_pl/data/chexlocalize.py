@@ -40,12 +40,13 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 Split = Literal["test", "val"]
 SPLITS = get_args(Split)
@@ -67,13 +68,13 @@ def cxr_patient(path: str | Path) -> str | None:
     return parts[-3] if len(parts) >= 3 and parts[-3].startswith("patient") else None
 
 
-class CheXlocalizeDataModule(XBenchDataModule):
+class CheXlocalizeData(XBenchData):
     """CheXlocalize ground-truth segmentations with CheXpert labels.
 
     Args:
         split: ``"test"`` (default) or ``"val"``.
         regions: ``"segmentations"`` (COCO RLE masks, default) or ``"annotations"`` (polygons).
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "chexlocalize"
@@ -173,3 +174,6 @@ class CheXlocalizeDataModule(XBenchDataModule):
         if not isinstance(value, list):
             raise ValueError(f"expected a list of contours, got {str(value)[:80]}")
         return [parse_polygon(contour) for contour in value]
+
+#: ``CheXlocalizeDataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(CheXlocalizeData)

@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from xbench_pl.data.annotations import MaskFile, parse_polygon, read_json
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 (OPACITY,) = dataset_classes("covid_rural")
 ANATOMY_LABELS = ("left_lung", "right_lung", "lung")
@@ -55,12 +56,12 @@ REGION_SOURCES = get_args(RegionSource)
 PATIENT_INFO = "covid_rural_patient_info.csv"
 
 
-class COVIDRuralDataModule(XBenchDataModule):
+class COVIDRuralData(XBenchData):
     """COVID-19 Rural opacity masks or polygons.
 
     Args:
         regions: ``"masks"`` (``pngs_masks/*.png``, default) or ``"polygons"`` (``jpgs/jsons/*.json``).
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "covid_rural"
@@ -139,3 +140,6 @@ class COVIDRuralDataModule(XBenchDataModule):
             except (KeyError, ValueError, TypeError) as error:
                 self.report(DataError(file, str(error).strip('"'), row=row))
         return regions
+
+#: ``COVIDRuralDataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(COVIDRuralData)

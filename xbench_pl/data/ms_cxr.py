@@ -39,7 +39,7 @@ image check (naming the image and the row listing it), and so is an image whose 
 ``image_width x image_height`` (the boxes would not be where the csv says). A missing csv or column
 is a ``DataError`` naming the file. Exact duplicate rows are dropped and recorded.
 
-``ms_cxr_demo`` (``MSCXRDemoDataModule``): ``write_ms_cxr_demo`` draws phantoms with
+``ms_cxr_demo`` (``MSCXRDemoData``): ``write_ms_cxr_demo`` draws phantoms with
 ``xbench_pl.data.synthetic`` and writes them as MS-CXR + MIMIC-CXR-JPG; see ``DEMO_IMAGES``.
 """
 
@@ -56,18 +56,19 @@ import numpy as np
 from PIL import Image
 
 from xbench_pl.data.annotations import parse_box
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.io import drop_duplicate_rows, parse_floats, read_table
 from xbench_pl.data.regions import Box
 from xbench_pl.data.synthetic import GENERATOR_VERSION, draw_case, demo_cache_dir, ensure_generated
 from xbench_pl.data.vocabulary import canonical
+from xbench_pl.registry import lightning_datamodules
 
 #: MS-CXR's categories, in its own (alphabetical) order: the default classes
 MS_CXR_CLASSES = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Lung Opacity", "Pleural Effusion",
                   "Pneumonia", "Pneumothorax")
 CSV_PATTERN = "MS_CXR_Local_Alignment_v*.csv"
-#: what a phrase's region is queried by (``MSCXRDataModule(queries=...)``)
+#: what a phrase's region is queried by (``MSCXRData(queries=...)``)
 QueryTexts = Literal["phrases", "names"]
 COLUMNS = ("dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h", "image_width", "image_height")
 SUBJECT = re.compile(r"p\d+")  # MIMIC-CXR subject folder: files/pNN/<subject>/sNNNNNNNN/<dicom_id>.jpg
@@ -127,7 +128,7 @@ def parse_row(row) -> PhraseRow:
     return PhraseRow(row.dicom_id, category, row.label_text, row.path, box, (width, height), row.row)
 
 
-class MSCXRDataModule(XBenchDataModule):
+class MSCXRData(XBenchData):
     """MS-CXR phrase grounding: one item per (image, phrase) (module docstring).
 
     Args:
@@ -138,7 +139,7 @@ class MSCXRDataModule(XBenchDataModule):
         queries: what a model grounds for each phrase's region: ``phrases`` (the radiologist's phrase, MS-CXR's
             protocol) or ``names`` (its category's name, prompted as for any class-name dataset: the sweep
             ``sweeps/phrases_x_models.yaml`` compares the two).
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "ms_cxr"
@@ -322,7 +323,7 @@ def ensure_ms_cxr_demo(root: str | Path | None = None, seed: int = 0) -> Path:
     return ensure_generated(Path(root), lambda folder: write_ms_cxr_demo(folder, seed), "the synthetic MS-CXR demo")
 
 
-class MSCXRDemoDataModule(MSCXRDataModule):
+class MSCXRDemoData(MSCXRData):
     """The synthetic demo in MS-CXR format (not patient data), read by the MS-CXR reader.
 
     10 phantoms of 512 x 576 (9 patients, one with two studies), 13 phrases covering the 8 categories:
@@ -332,7 +333,7 @@ class MSCXRDemoDataModule(MSCXRDataModule):
     Args:
         root: the demo folder; generated there on first use if missing or empty (default: the user cache).
         seed: the generator's seed.
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "ms_cxr_demo"
@@ -344,3 +345,7 @@ class MSCXRDemoDataModule(MSCXRDataModule):
     def load_records(self) -> list[Record]:
         self.root = ensure_ms_cxr_demo(self.demo_root, self.seed)
         return super().load_records()
+
+#: ``MSCXRDataModule`` and ``MSCXRDemoDataModule``: the ``LightningDataModule`` of each, built on first use
+#: (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(MSCXRData, MSCXRDemoData)

@@ -38,12 +38,13 @@ import pandas as pd
 from jsonargparse.typing import NonNegativeInt
 
 from xbench_pl.data.annotations import ImageIndex, find_one, parse_box
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.groups import metadata_groups
 from xbench_pl.data.io import drop_duplicate_rows, read_table
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import canonical, dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 BOX_TABLE = "BBox_List_2017.csv"
 BOX_COLUMNS = ("image_id", "finding", "x", "y", "w", "h")
@@ -74,14 +75,14 @@ def read_box_table(path: str | Path) -> pd.DataFrame:
 NIH_LAYOUT = f"{BOX_TABLE} and the images*/ folders of PNGs"
 
 
-class NIHBoxDataModule(XBenchDataModule):
+class NIHBoxData(XBenchData):
     """NIH ChestX-ray14 with radiologist boxes.
 
     Args:
         negatives: number of ``No Finding`` images from ``Data_Entry_2017*.csv`` to add as
             negatives of every class (0: the box list only, as XBench).
         seed: seed of the negatives' sample.
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "nih_bbox"
@@ -174,7 +175,7 @@ class NIHBoxDataModule(XBenchDataModule):
         return out
 
 
-class DemoDataModule(NIHBoxDataModule):
+class DemoData(NIHBoxData):
     """The synthetic demo in NIH format: phantoms drawn by ``xbench_pl.data.synthetic``.
 
     16 generated 512² images read by the NIH reader: 12 with one lesion each, boxed tightly
@@ -186,7 +187,7 @@ class DemoDataModule(NIHBoxDataModule):
         root: the demo folder; generated there on first use if missing or empty
             (default: the user cache, see ``synthetic.ensure_demo``).
         seed: the generator's seed (also the seed of the negatives' sample).
-        **kwargs: ``NIHBoxDataModule`` arguments.
+        **kwargs: ``NIHBoxData`` arguments.
     """
 
     name = "demo"
@@ -199,3 +200,7 @@ class DemoDataModule(NIHBoxDataModule):
     def load_records(self) -> list[Record]:
         self.root = ensure_demo(self.demo_root, self.seed) / "nih"
         return super().load_records()
+
+#: ``NIHBoxDataModule`` and ``DemoDataModule``: the ``LightningDataModule`` of each, built on first use
+#: (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(NIHBoxData, DemoData)

@@ -1,6 +1,7 @@
 """Several datasets in one run, each evaluated and reported on its own.
 
-``PooledDataModule`` holds child ``XBenchDataModule``s. Its ``dataset_specs`` lists each
+``PooledData`` holds child datasets (``XBenchData``; plain even in a Lightning run, where the pooled
+``PooledDataModule`` builds their loaders). Its ``dataset_specs`` lists each
 child's (name, classes), so the model creates one metric set per dataset; its test
 dataloader is a list, one loader per child, each built by the child (exact, un-padded
 distributed sampling per dataset). Batches carry their dataset's name and class list, so
@@ -26,7 +27,7 @@ folder is missing, a child that needs a root fails naming it (one that needs non
 Settings given to the pooled module (``batch_size``, ``num_workers``, ``eval_size``,
 ``on_error``, ``preprocess``, ``cache_dir``, ``max_side``) apply to every child built from a
 name or mapping, over the child's own config; an entry's ``init_args`` override them in turn.
-A child passed as an ``XBenchDataModule`` instance is used as it is.
+A child passed as an ``XBenchData`` instance is used as it is.
 """
 
 from __future__ import annotations
@@ -37,17 +38,17 @@ from typing import Any
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader
 
-from xbench_pl.data.base import OnError, XBenchDataModule
+from xbench_pl.data.base import OnError, XBenchData
 from xbench_pl.geometry import Preprocess
-from xbench_pl.registry import create_datamodule, resolve_class
+from xbench_pl.registry import data_class, lightning_datamodules, read_data_config
 
 
-class PooledDataModule(XBenchDataModule):
+class PooledData(XBenchData):
     """Datasets evaluated together, reported per dataset.
 
     Args:
         datasets: the children: registered names, ``{"name": NAME, "init_args": {...}}``,
-            ``{"class_path": PATH, "init_args": {...}}``, or ``XBenchDataModule`` instances.
+            ``{"class_path": PATH, "init_args": {...}}``, or ``XBenchData`` instances.
         root: parent folder holding one folder per dataset, named as the dataset.
         batch_size, num_workers, eval_size, on_error, preprocess, cache_dir, max_side: shared
             by every child built here (see the module docstring).
@@ -79,7 +80,7 @@ class PooledDataModule(XBenchDataModule):
             raise ValueError(f"pooled: dataset(s) {repeated} given twice; results are keyed by dataset name")
 
     @property
-    def datamodules(self) -> list[XBenchDataModule]:
+    def datamodules(self) -> list[XBenchData]:
         return self.children
 
     def setup(self, stage: str | None = None) -> None:
@@ -92,26 +93,30 @@ class PooledDataModule(XBenchDataModule):
         return [child.test_dataloader() for child in self.datamodules]
 
 
-def build_child(entry: str | dict[str, Any] | XBenchDataModule, shared: dict[str, Any], root: str | None = None) -> XBenchDataModule:
-    """One child datamodule from a pooled ``datasets`` entry (see ``PooledDataModule``)."""
-    if isinstance(entry, XBenchDataModule):
+def build_child(entry: str | dict[str, Any] | XBenchData, shared: dict[str, Any], root: str | None = None) -> XBenchData:
+    """One child dataset from a pooled ``datasets`` entry (see ``PooledData``), a plain ``XBenchData``."""
+    if isinstance(entry, XBenchData):
         return entry
     if isinstance(entry, str):
         entry = {"name": entry}
     if isinstance(entry, dict) and set(entry) <= {"name", "class_path", "init_args"} and ("name" in entry) != ("class_path" in entry):
         overrides = {**shared, **(entry.get("init_args") or {})}
         if "name" in entry:
-            name, make = entry["name"], lambda **kw: create_datamodule(entry["name"], **kw)
+            cls, defaults = read_data_config(entry["name"])
+            name, make = entry["name"], lambda **kw: cls(**{**defaults, **kw})
         else:
-            cls = resolve_class(entry["class_path"])
+            cls = data_class(entry["class_path"])
             name, make = getattr(cls, "name", ""), cls
         folder = Path(root) / name if root is not None and "root" not in overrides and name else None
         if folder is not None and folder.is_dir():
             overrides["root"] = str(folder)
         child = make(**overrides)
-        if isinstance(child, XBenchDataModule):
+        if isinstance(child, XBenchData):
             if folder is not None and not folder.is_dir():
                 child.expected_root = folder  # a dataset that needs a root then says this folder is missing
             return child
     raise ValueError(f"pooled: a dataset entry must be a registered name, {{'name' or 'class_path', 'init_args'}} "
-                     f"or an XBenchDataModule giving an XBenchDataModule, got {entry!r}")
+                     f"or an XBenchData giving an XBenchData, got {entry!r}")
+
+#: ``PooledDataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(PooledData)

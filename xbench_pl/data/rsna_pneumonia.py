@@ -27,10 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from xbench_pl.data.annotations import parse_box
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.vocabulary import dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 LABEL_TABLE = "stage_2_train_labels.csv"
 IMAGE_DIR = "stage_2_train_images"
@@ -79,7 +80,7 @@ def parse_target(patient_id: str, target: str, coordinates: tuple[str, ...]) -> 
     return target == "1"
 
 
-class RSNAPneumoniaDataModule(XBenchDataModule):
+class RSNAPneumoniaData(XBenchData):
     name = "rsna_pneumonia"
     default_classes = (PNEUMONIA,)
     dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
@@ -87,3 +88,6 @@ class RSNAPneumoniaDataModule(XBenchDataModule):
     def load_records(self) -> list[Record]:
         self.checked_root(f"{LABEL_TABLE} and {IMAGE_DIR}/")
         return parse_rsna_labels(self.root / LABEL_TABLE, self.root / IMAGE_DIR, self.report)
+
+#: ``RSNAPneumoniaDataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(RSNAPneumoniaData)

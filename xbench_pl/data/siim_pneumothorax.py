@@ -33,12 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from xbench_pl.data.annotations import ImageIndex
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.regions import Mask
 from xbench_pl.data.synthetic import ensure_demo
 from xbench_pl.data.vocabulary import dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 RLE_TABLE = "train-rle.csv"
 COLUMNS = ("ImageId", "EncodedPixels")
@@ -111,7 +112,7 @@ def parse_siim_rle(table_path: str | Path, image_path: Callable[[str], Path], re
     return list(records.values())
 
 
-class SIIMPneumothoraxDataModule(XBenchDataModule):
+class SIIMPneumothoraxData(XBenchData):
     name = "siim_pneumothorax"
     default_classes = (PNEUMOTHORAX,)
     dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
@@ -123,7 +124,7 @@ class SIIMPneumothoraxDataModule(XBenchDataModule):
         return parse_siim_rle(self.root / RLE_TABLE, dicoms.get, self.report)
 
 
-class DemoDicomDataModule(SIIMPneumothoraxDataModule):
+class DemoDicomData(SIIMPneumothoraxData):
     """The synthetic demo in SIIM format (not patient data).
 
     6 generated 512² JPEG-Baseline DICOMs read by the SIIM reader, 3 with pneumothorax (one
@@ -133,7 +134,7 @@ class DemoDicomDataModule(SIIMPneumothoraxDataModule):
         root: the demo folder; generated there on first use if missing or empty
             (default: the user cache, see ``synthetic.ensure_demo``).
         seed: the generator's seed.
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "demo_dicom"
@@ -145,3 +146,7 @@ class DemoDicomDataModule(SIIMPneumothoraxDataModule):
     def load_records(self) -> list[Record]:
         self.root = ensure_demo(self.demo_root, self.seed) / "siim"
         return super().load_records()
+
+#: ``SIIMPneumothoraxDataModule`` and ``DemoDicomDataModule``: the ``LightningDataModule`` of each, built on first use
+#: (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(SIIMPneumothoraxData, DemoDicomData)

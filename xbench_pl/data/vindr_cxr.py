@@ -51,11 +51,12 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from xbench_pl.data.annotations import parse_box
-from xbench_pl.data.base import Record, XBenchDataModule
+from xbench_pl.data.base import Record, XBenchData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.io import Report, drop_duplicate_rows, raise_error, read_table
 from xbench_pl.data.regions import Box
 from xbench_pl.data.vocabulary import canonical, dataset_classes
+from xbench_pl.registry import lightning_datamodules
 
 BOX_TABLE = "annotations/annotations_{split}.csv"
 LABEL_TABLE = "annotations/image_labels_test.csv"
@@ -217,14 +218,14 @@ def vindr_records(box_path: str | Path, label_path: str | Path | None, image_pat
     return list(records.values())
 
 
-class VinDrCXRDataModule(XBenchDataModule):
+class VinDrCXRData(XBenchData):
     """VinDr-CXR boxes.
 
     Args:
         split: ``"test"`` (default: the 5-radiologist consensus) or ``"train"`` (3 readers per image).
         readers: ``"united"`` (default: all readers' boxes of a class united) or ``"split"`` (``train`` only:
             one leave-one-reader-out item per (image, reader); module docstring).
-        **kwargs: ``XBenchDataModule`` arguments.
+        **kwargs: ``XBenchData`` arguments.
     """
 
     name = "vindr_cxr"
@@ -256,3 +257,6 @@ class VinDrCXRDataModule(XBenchDataModule):
         label_path = self.root / LABEL_TABLE
         use_labels = self.split == "test" and label_path.is_file()
         return vindr_records(self.root / box_table, label_path if use_labels else None, image_path, tuple(self.classes), self.report)
+
+#: ``VinDrCXRDataModule``: its ``LightningDataModule``, built on first use (``xbench_pl.data.lightning``)
+__getattr__ = lightning_datamodules(VinDrCXRData)

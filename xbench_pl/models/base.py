@@ -1,7 +1,8 @@
 """The model contract: ``zero_shot(images, classes)`` -> scores and saliency; the rest is shared.
 
 A model subclasses ``ZeroShotModel``, sets ``self.preprocess`` (its own input spec) and
-implements ``zero_shot``. ``test_step`` maps each saliency map back to its original image
+implements ``zero_shot``. ``test_step`` judges the answer with ``xbench_pl.judging.Judge`` (a base class shared with
+the replay of stored predictions, which needs no Lightning): each saliency map is mapped back to its original image
 through the batch's affine and feeds the benchmark metrics; nothing model-specific there. It
 returns a ``TestStepOutput`` (what callbacks receive as ``outputs``: they never recompute). Under
 ``--trainer.precision 16-mixed|bf16-mixed`` the forward runs under autocast; its scores and maps are promoted
@@ -14,17 +15,13 @@ metrics, computed, logged and reset every epoch) and ``configure_optimizers`` (A
 parameters that ``trainable``, else the family's ``TRAINABLE``, selects; the rest is frozen). A
 checkpoint keeps only what fit changes, with a fingerprint of the frozen base weights that the
 model's own options rebuild (``on_save_checkpoint``, ``on_load_checkpoint``).
-
-Over 500 lines on purpose: Lightning runs one LightningModule per model, and this is the one place where
-the shared test, fit and trust paths meet every family; their math lives in ``metrics/`` and ``models/trust_run.py``.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Literal, get_args
 
 import lightning as L
@@ -35,73 +32,21 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from xbench_pl.data.base import Batch
-from xbench_pl.geometry import Preprocess, warp_to_eval_grid, warped_and_seen
-from xbench_pl.metrics import BenchmarkMetrics
-from xbench_pl.metrics.benchmark import checked_size_bounds, read_tuned_thresholds
-from xbench_pl.metrics.chexlocalize import full_resolution_pairs
+from xbench_pl.geometry import Preprocess
+from xbench_pl.judging import Judge, TestStepOutput, ZeroShotOutput, batch_units
 from xbench_pl.metrics.functional import NormalizeMode
-from xbench_pl.metrics.grounding import promoted
 from xbench_pl.models.stand_ins import stand_in_tokenizer
-from xbench_pl.metrics.resampling import image_key, unit_key
+from xbench_pl.metrics.resampling import image_key
 from xbench_pl.models.checkpoints import FIT_RECORD, CheckpointError, fit_checkpoint_name, weights_fingerprint
 from xbench_pl.models.prompts import EmbeddingCache
 from xbench_pl.options import ExplainerName, GridThreshold, GroupNames, TrustMeasures
 from xbench_pl.registry import qualified_name
 
-#: ``ZeroShotModel``'s arguments that choose how maps are made, not how they are judged (``predictions.metric_settings``)
-EXPLAINER_ARGS = ("explainer", "explainer_layer")
-#: ``ZeroShotModel``'s arguments of the trust measures: they test the maps against the model, which a replay of stored
-#: predictions cannot run (``predictions.metric_settings`` leaves them out too)
-TRUST_ARGS = ("trust", "trust_seed", "trust_steps", "trust_baseline", "trust_blur_sigma", "trust_stages", "trust_pairs",
-              "trust_fraction")
 #: the clamp of scores before their logit in the training loss (``ZeroShotModel.training_logits``)
 SCORE_EPS = 1e-6
 
 
-def batch_units(batch: Batch) -> torch.Tensor:
-    """Each sample's bootstrap unit ``[B]`` (``resampling.unit_key``): its patient where the dataset records one,
-    else its image."""
-    patients = batch.patient_ids or [None] * len(batch.image_ids)
-    return torch.tensor([unit_key(i, p) for i, p in zip(batch.image_ids, patients)], dtype=torch.long)
-
-
-@dataclass
-class ZeroShotOutput:
-    """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
-    saliency ``[B, C, h, w]``: where the model locates finding c, on its native grid, which
-    spans the whole model input (``preprocess.size`` square); larger = more salient.
-    logits ``[B, C]`` (optional): the model's raw score as its authors compute it, before any
-    mapping to ``scores`` (a model whose authors score in [0, 1] may leave it ``None``); the
-    benchmark metrics read ``scores`` only."""
-
-    scores: torch.Tensor
-    saliency: torch.Tensor
-    logits: torch.Tensor | None = None
-
-    def promoted(self) -> ZeroShotOutput:
-        """This output with its float16/bfloat16 tensors (a reduced-precision forward's) in float32; others as they are."""
-        logits = None if self.logits is None else promoted(self.logits)
-        return ZeroShotOutput(promoted(self.scores), promoted(self.saliency), logits)
-
-
-@dataclass
-class TestStepOutput:
-    """What ``test_step`` returns, i.e. what callbacks get as ``outputs`` in ``on_test_batch_end``.
-
-    ``output``: the model's ``ZeroShotOutput`` for the whole batch (stand-in samples included).
-    ``maps [K, E, E]``: the counted (image, finding) pairs' saliency warped to the eval grid, raw
-    (the maps the benchmark judges); ``masks [K, E, E]``: their regions; ``pairs [K, 2]``: each
-    pair's (sample, class) index into the batch. Only references to tensors the step computed
-    anyway: a callback that keeps some must copy them.
-    """
-
-    output: ZeroShotOutput
-    maps: torch.Tensor
-    masks: torch.Tensor
-    pairs: torch.Tensor
-
-
-class ZeroShotModel(L.LightningModule):
+class ZeroShotModel(Judge, L.LightningModule):
     """Base of every benchmarked model.
 
     Args:
@@ -172,11 +117,8 @@ class ZeroShotModel(L.LightningModule):
                  trust_steps: PositiveInt = 10, trust_baseline: Literal["blur", "mean"] = "blur",
                  trust_blur_sigma: PositiveFloat = 10.0, trust_stages: Literal["all", "last"] = "all",
                  trust_pairs: Literal["regions", "all"] = "regions", trust_fraction: ClosedUnitInterval = 1.0):
-        super().__init__()
-        from xbench_pl.data.groups import parse_groups
-
-        # a replay (predictions.metric_settings) passes back the parsed tuple
-        self.groups = parse_groups(groups if isinstance(groups, str) else ",".join(groups)) if groups else ()
+        super().__init__(normalize, fixed_threshold, score_threshold, bootstrap, bootstrap_seed, size_strata, tune_from, cxl,
+                         negatives, groups)  # Judge's: how the maps and scores are judged
         if explainer not in self.explainers():
             raise ValueError(f"explainer {explainer!r}: {type(self).__name__} has no network to explain; it takes 'native' only")
         if explainer_layer is not None and explainer == "native":
@@ -207,15 +149,6 @@ class ZeroShotModel(L.LightningModule):
         self.val_region_datasets: dict = {}
         self.val_results: dict[str, dict] = {}  # the last validation's tables
         self.val_history: list[dict] = []  # per validation epoch: epoch, step and each dataset's mean row
-        self.normalize, self.fixed_threshold, self.score_threshold = normalize, fixed_threshold, score_threshold
-        self.bootstrap, self.bootstrap_seed, self.size_strata = int(bootstrap), int(bootstrap_seed), checked_size_bounds(size_strata)
-        self.tune_from = tune_from
-        self.tuned_thresholds = read_tuned_thresholds(tune_from) if tune_from else {}
-        self.cxl, self.negatives = bool(cxl), bool(negatives)
-        # per dataset name, the XBenchDataset whose records give the full-resolution regions (cxl mode);
-        # found on the trainer's datamodule when not set (a replay sets it)
-        self.region_datasets: dict = {}
-        self.benchmark = nn.ModuleDict()
         self.results: dict[str, dict] = {}
         self.curves: dict[str, dict] = {}  # per dataset: Dice/IoU against tau, reliability bins (BenchmarkMetrics.curves)
         self.random_weights = False  # set by warn_random_weights; reports say so
@@ -322,10 +255,7 @@ class ZeroShotModel(L.LightningModule):
     def add_dataset(self, name: str, classes: list[str]) -> None:
         # the trust measures run in tests only, never in fit's validation
         trust = self.trust_run.settings(self) if self.trust_run is not None and self.benchmark is not self.val_benchmark else None
-        self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
-                                                bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
-                                                tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl,
-                                                negatives=self.negatives, groups=self.groups, trust=trust).to(self.device)
+        super().add_dataset(name, classes, trust)
 
     def on_test_start(self) -> None:
         # a resumed store's images are replayed from their maps, without the model: they would go unmeasured
@@ -340,13 +270,9 @@ class ZeroShotModel(L.LightningModule):
             self.add_dataset(spec.name, spec.classes)
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> TestStepOutput:
-        output = self.batch_output(batch).promoted()  # a 16-mixed/bf16-mixed forward's scores and maps: float32, once
-        device = output.scores.device.type
-        # Lightning runs the step under autocast: the warp and the metrics take the dtypes they ask for, never bf16/fp16
-        with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
-            judged = self.update_metrics(batch, output)
+        judged = self.update_metrics(batch, self.batch_output(batch))
         if self.benchmark[batch.dataset].trust is not None:  # its forwards as the native one: under the trainer's precision
-            self.update_trust(batch, output)
+            self.update_trust(batch, judged.output)
         return judged
 
     def update_trust(self, batch: Batch, output: ZeroShotOutput) -> None:
@@ -359,86 +285,10 @@ class ZeroShotModel(L.LightningModule):
         self.benchmark[batch.dataset].update_trust(keys, batch_units(batch)[sample], measured["cls"], measured["values"],
                                                    measured["maps"])
 
-    def update_metrics(self, batch: Batch, output: ZeroShotOutput) -> TestStepOutput:
-        """``test_step``'s judging of ``output``: checks, the warp to the eval grid and the metric update."""
-        b, c = batch.labels.shape
-        if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
-            raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "
-                             f"{tuple(output.saliency.shape)}; expected [{b}, {c}] and [{b}, {c}, h, w]")
-        not_finite = ~torch.isfinite(output.saliency).flatten(2).all(2)
-        if not_finite.any():
-            b, c = not_finite.nonzero()[0].tolist()
-            raise ValueError(f"{type(self).__name__} gave a saliency map with NaN or inf for image "
-                             f"{batch.image_ids[b]!r} of {batch.dataset}, finding {batch.classes[c]!r}")
-        if batch.dataset not in self.benchmark:
-            self.add_dataset(batch.dataset, batch.classes)
-        counted = batch.counted  # stand-in samples of an otherwise idle DDP rank are computed, never counted
-        counted_pairs = counted[batch.region_index[:, 0]]
-        sample, cls = batch.region_index[counted_pairs].unbind(1)
-        # the native map spans the input the model was given: take its size from the batch itself
-        maps, seen = warped_and_seen(output.saliency[sample, cls], batch.affine[sample], batch.images.shape[-1],
-                                     batch.original_size[sample], batch.region_masks.shape[-1])
-        masks = batch.region_masks[counted_pairs]
-        image_keys, units = torch.tensor([image_key(i) for i in batch.image_ids], dtype=torch.long), batch_units(batch)
-        rows = counted.nonzero().flatten().cpu()
-        groups = pair_rows = None
-        if self.groups:
-            samples = batch.groups or [{}] * len(batch.image_ids)
-            groups = {name: [samples[i].get(name, "unknown") for i in rows.tolist()] for name in self.groups}
-            position = torch.full((len(batch.image_ids),), -1, dtype=torch.long)
-            position[rows] = torch.arange(rows.numel())
-            pair_rows = position[sample.cpu()]
-        self.benchmark[batch.dataset].update(output.scores[counted], batch.labels[counted], maps, masks, cls,
-                                             image_keys=image_keys[sample.cpu()], unit_keys=units[sample.cpu()],
-                                             sample_keys=image_keys[rows], sample_units=units[rows], saliency=output.saliency[counted],
-                                             negatives=self.negative_pairs(batch, output.saliency, rows) if self.negatives else None,
-                                             groups=groups, pair_rows=pair_rows, seen=seen)
-        if self.benchmark[batch.dataset].cxl is not None:
-            self.update_cxl(batch, output.saliency, units)
-        return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
-
-    def negative_pairs(self, batch: Batch, saliency: torch.Tensor, rows: torch.Tensor):
-        """The (image, finding) pairs of the counted images ``rows`` where the finding is absent (label 0, no
-        region): their maps warped to the eval grid, classes, and positions among ``rows``."""
-        absent = batch.labels[rows.to(batch.labels.device)].cpu() == 0
-        has_region = torch.zeros_like(absent)
-        position = torch.full((batch.labels.shape[0],), -1, dtype=torch.long)
-        position[rows] = torch.arange(rows.numel())
-        region = batch.region_index.cpu()
-        counted = position[region[:, 0]] >= 0
-        has_region[position[region[counted, 0]], region[counted, 1]] = True
-        row, cls = (absent & ~has_region).nonzero().unbind(1)
-        sample = rows[row].to(saliency.device)
-        maps = warp_to_eval_grid(saliency[sample, cls.to(saliency.device)], batch.affine[sample], batch.images.shape[-1],
-                                 batch.original_size[sample], batch.region_masks.shape[-1])
-        return maps, cls, row
-
-    def update_cxl(self, batch: Batch, saliency: torch.Tensor, units: torch.Tensor) -> None:
-        """The CheXlocalize-comparable metrics of every finding of the batch's counted images, at full
-        resolution: regions from the dataset's records (original pixels), maps through the batch's affine;
-        ``units`` ``[B]``: each sample's bootstrap unit (``batch_units``)."""
-        dataset = self.region_dataset(batch)
-        counted = batch.counted.nonzero().flatten().cpu()
-        regions = [dataset.records[int(batch.index[i])].regions for i in counted.tolist()]
-        pairs = full_resolution_pairs(saliency[counted.to(saliency.device)], batch.affine[counted.to(batch.affine.device)],
-                                      batch.images.shape[-1], batch.original_size[counted.to(batch.original_size.device)].cpu(),
-                                      regions, batch.classes)
-        units = units[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
-        self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
-
-    def region_dataset(self, batch: Batch):
-        """The ``XBenchDataset`` of ``batch``'s dataset, whose records hold the regions at full resolution (cxl mode):
-        ``region_datasets``' (a replay sets it), else the trainer's datamodule's."""
-        dataset = self.region_datasets.get(batch.dataset)
-        if dataset is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-            children = {dm.name: dm.test_set for dm in getattr(datamodule, "datamodules", [])}
-            dataset = children.get(batch.dataset)
-            if dataset is None:
-                raise ValueError(f"cxl=True needs the regions of {batch.dataset!r} at full resolution: run through an "
-                                 "XBenchDataModule (the CLI's --data) or set model.region_datasets")
-            self.region_datasets[batch.dataset] = dataset
-        return dataset
+    def found_region_dataset(self, name: str):
+        """The trainer's datamodule's evaluated set of dataset ``name`` (cxl mode), if any."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return {dm.name: dm.test_set for dm in getattr(datamodule, "datamodules", [])}.get(name)
 
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from xbench_pl.data.annotations import read_json
 from xbench_pl.data.base import Batch
-from xbench_pl.data.chexlocalize import CheXlocalizeDataModule
+from xbench_pl.data.chexlocalize import CheXlocalizeData
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Region, rasterize_original, rasterize_union
 from xbench_pl.data.vindr_cxr import parse_vindr_reader_boxes, reader_item_id
@@ -90,7 +90,7 @@ def read_chexlocalize_annotations(path: Path) -> Annotations:
     out: Annotations = {}
     for image_id, task, finding, value in chexlocalize_tasks(path):
         try:
-            read = CheXlocalizeDataModule.read_annotation if isinstance(value, list) else CheXlocalizeDataModule.read_segmentation
+            read = CheXlocalizeData.read_annotation if isinstance(value, list) else CheXlocalizeData.read_segmentation
             regions = read(value)
         except (KeyError, ValueError, TypeError) as error:
             raise DataError(path, str(error).strip('"'), row=f"{image_id} / {task}") from None
