@@ -48,7 +48,7 @@ LINES = [
                                            "--predictions", "{work}/store", "--out", "{work}/test"]),
     ("score: a run (the store above)", ["score", "--predictions", "{work}/store", "--out", "{work}/score"]),
     ("compare: a run (the store above, with itself)", ["compare", "--predictions", "{work}/store", "{work}/store",
-                                                      "--bootstrap", "0", "--out", "{work}/compare"]),
+                                                      "--bootstrap", "10", "--out", "{work}/compare"]),
     ("describe: a run (demo)", ["describe", "--data", "demo"]),
     ("export: a run (the store above)", ["export", "--predictions", "{work}/store", "--to", "npy", "--out", "{work}/npy"]),
     ("store upgrade: a run (the store above)", ["store", "upgrade", "{work}/store"]),
