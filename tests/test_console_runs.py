@@ -3,7 +3,6 @@ terminal's width, help that shows what a command takes, and commands that start 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -66,31 +65,6 @@ def test_score_of_a_missing_store_ends_before_torch_loads():
     assert run.returncode == 2 and errors == ["error: --predictions /no/such/store: no such folder (a store written by "
                                               "python -m xbench_pl test --predictions DIR)"]
     assert not modules & {"lightning", "torch"}
-
-
-def test_describe_score_and_compare_runs_import_no_lightning(tmp_path):
-    """A dataset is a plain class and a replay a plain ``Judge``: one fresh process describes the demo, scores a store
-    and compares two, saying after each whether Lightning was imported so far; the replay's numbers are the run's."""
-    for name, model in (("a", "center"), ("b", "uniform")):
-        run = in_process("test", "--model", model, "--data", "demo", "--model.bootstrap", "0", "--out", str(tmp_path / name),
-                         "--predictions", str(tmp_path / f"store_{name}"), "--predictions_dtype", "float32")
-        assert run.returncode == 0, run.stderr[-2000:]
-    commands = [["describe", "--data", "demo", "--json"],
-                ["score", "--predictions", str(tmp_path / "store_a"), "--out", str(tmp_path / "scored")],
-                ["compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "10",
-                 "--out", str(tmp_path / "compared")]]
-    probe = ("import sys\nfrom xbench_pl.commands import main\n"
-             f"for command in {commands!r}:\n"
-             "    code = main(command)\n"
-             "    print(f'{command[0]} exit {code} lightning {\"lightning\" in sys.modules}', file=sys.stderr)\n")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    said = [line for line in result.stderr.splitlines() if " exit " in line]
-    assert said == [f"{command[0]} exit 0 lightning False" for command in commands], result.stderr[-2000:]
-    ran, scored = (json.loads((tmp_path / folder / "metrics.json").read_text())["datasets"]["demo"]["mean"]
-                   for folder in ("a", "scored"))
-    assert scored == ran
-    assert (tmp_path / "compared" / "compare.json").is_file()
 
 
 # -- help ----------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """``export --to npy|cheXlocalize``: a store in other tools' layouts, and back through ``score --maps``."""
 
 import json
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_console_runs import imported
+from test_cli import REPO
 from test_predictions import run_test, shard_of
 
 from xbench_pl.commands import main
@@ -44,16 +47,30 @@ def test_npy_export_then_score_maps_gives_score_predictions_exactly(half_store, 
     assert score_maps(tmp_path / "npy", tmp_path / "scored") == expected  # every table, every number
 
 
-def test_export_and_store_upgrade_load_neither_lightning_nor_the_metrics(half_store, tmp_path):
-    """They read and write store files only (``prediction_store``): a fresh process imports no Lightning, no
-    torchmetrics and no model or dataset class."""
-    store, _ = half_store
-    for command in (["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
-                    ["store", "upgrade", str(store)]):
-        run, modules = imported(*command)
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert "torch" in modules and not modules & {"lightning", "pytorch_lightning", "torchmetrics"}
+def test_commands_without_a_model_load_no_lightning(half_store, tmp_path):
+    """One fresh process runs them one after the other and says after each which of Lightning and torchmetrics it has
+    imported so far: ``export`` and ``store upgrade`` read and write store files only (``prediction_store``), and
+    ``describe`` reads a dataset (a plain class), so none of them loads either; ``score`` and ``compare`` judge with
+    the metrics (a plain ``Judge``): torchmetrics, still no Lightning. The replay's numbers are the run's."""
+    store, expected = half_store
+    commands = [["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
+                ["store", "upgrade", str(store)],
+                ["describe", "--data", "demo", "--json"],
+                ["score", "--predictions", str(store), "--out", str(tmp_path / "scored")],
+                ["compare", "--predictions", str(store), str(store), "--bootstrap", "10", "--out", str(tmp_path / "compared")]]
+    probe = ("import sys\nfrom xbench_pl.commands import main\n"
+             f"for command in {commands!r}:\n"
+             "    code = main(command)\n"
+             "    loaded = sorted({'lightning', 'torchmetrics'} & set(sys.modules))\n"
+             "    print(f'{command[0]} exit {code} loaded {loaded}', file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    said = [line for line in result.stderr.splitlines() if " exit " in line]
+    assert said == ["export exit 0 loaded []", "store exit 0 loaded []", "describe exit 0 loaded []",
+                    "score exit 0 loaded ['torchmetrics']", "compare exit 0 loaded ['torchmetrics']"], result.stderr[-2000:]
     assert len(list((tmp_path / "npy").glob("*/*.npy"))) == 12 * 8
+    assert tables(tmp_path / "scored") == expected
+    assert (tmp_path / "compared" / "compare.json").is_file()
 
 
 def test_chexlocalize_export_is_their_layout_and_scores_back(half_store, tmp_path):
