@@ -48,26 +48,28 @@ def test_npy_export_then_score_maps_gives_score_predictions_exactly(half_store, 
 
 
 def test_commands_without_a_model_load_no_lightning(half_store, tmp_path):
-    """One fresh process runs them one after the other and says after each which of Lightning and torchmetrics it has
-    imported so far: ``export`` and ``store upgrade`` read and write store files only (``prediction_store``), and
-    ``describe`` reads a dataset (a plain class), so none of them loads either; ``score`` and ``compare`` judge with
-    the metrics (a plain ``Judge``): torchmetrics, still no Lightning. The replay's numbers are the run's."""
+    """One fresh process runs them one after the other and says which of Lightning, torchmetrics and albumentations
+    each one imported: ``describe`` reads a dataset (a plain class) and preprocesses no image, so it loads none of
+    them; ``export`` and ``store upgrade`` read and write store files only (``prediction_store``; an export infers
+    the model's preprocessing); ``score`` and ``compare`` judge with the metrics (a plain ``Judge``): torchmetrics,
+    never Lightning. The replay's numbers are the run's."""
     store, expected = half_store
-    commands = [["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
+    commands = [["describe", "--data", "demo", "--json"],
+                ["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
                 ["store", "upgrade", str(store)],
-                ["describe", "--data", "demo", "--json"],
                 ["score", "--predictions", str(store), "--out", str(tmp_path / "scored")],
                 ["compare", "--predictions", str(store), str(store), "--bootstrap", "10", "--out", str(tmp_path / "compared")]]
     probe = ("import sys\nfrom xbench_pl.commands import main\n"
              f"for command in {commands!r}:\n"
+             "    before = set(sys.modules)\n"
              "    code = main(command)\n"
-             "    loaded = sorted({'lightning', 'torchmetrics'} & set(sys.modules))\n"
+             "    loaded = sorted({'lightning', 'torchmetrics', 'albumentations'} & (set(sys.modules) - before))\n"
              "    print(f'{command[0]} exit {code} loaded {loaded}', file=sys.stderr)\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     said = [line for line in result.stderr.splitlines() if " exit " in line]
-    assert said == ["export exit 0 loaded []", "store exit 0 loaded []", "describe exit 0 loaded []",
-                    "score exit 0 loaded ['torchmetrics']", "compare exit 0 loaded ['torchmetrics']"], result.stderr[-2000:]
+    assert said == ["describe exit 0 loaded []", "export exit 0 loaded ['albumentations']", "store exit 0 loaded []",
+                    "score exit 0 loaded ['torchmetrics']", "compare exit 0 loaded []"], result.stderr[-2000:]
     assert len(list((tmp_path / "npy").glob("*/*.npy"))) == 12 * 8
     assert tables(tmp_path / "scored") == expected
     assert (tmp_path / "compared" / "compare.json").is_file()

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
-import albumentations as A
 import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # imported where images are preprocessed: reading or scoring a dataset needs none (≈ 1 s of imports)
+    import albumentations as A
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -82,6 +85,8 @@ class Preprocess:
 
     def plan(self, height: int, width: int) -> tuple[list[A.BasicTransform], tuple[float, float, float, float]]:
         """Albumentations ops for an image of this size, and the affine they realise."""
+        import albumentations as A
+
         size = self.size
         if self.resize == "squash":
             new_h, new_w = size, size
@@ -113,6 +118,8 @@ class Preprocess:
         """Grey ``[H, W]`` float image in [0, 1] -> normalised ``[3, size, size]`` tensor and its affine ``[4]``."""
         if image.ndim != 2:
             raise ValueError(f"expected a grey [H, W] image, got shape {image.shape}")
+        import albumentations as A
+
         ops, affine = self.plan(*image.shape)
         image = np.ascontiguousarray(image, dtype=np.float32)
         if self.antialias:
