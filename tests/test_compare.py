@@ -102,6 +102,21 @@ def test_compare_command_on_two_stores(tmp_path):
         if row["diff"] is not None:
             assert row["diff"] == pytest.approx(ran[0][key] - ran[1][key]) and 0 < row["p"] <= 1
     assert "| pointing_game |" in (tmp_path / "cmp" / "compare.md").read_text()
+    # a store written before the judging had a class of its own records fit's options among its metric settings too
+    manifest_path = tmp_path / "store_b" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["metrics"].update(trainable=None, lr=1e-4, weight_decay=0.01)
+    manifest_path.write_text(json.dumps(manifest))
+    again = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
+                       "--out", str(tmp_path / "cmp_old"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "cmp_old" / "compare.json").read_text())["datasets"] == report["datasets"]
+    scored = in_process("score", "--predictions", str(tmp_path / "store_b"), "--out", str(tmp_path / "scored_b"))
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads((tmp_path / "scored_b" / "metrics.json").read_text())["datasets"]["demo"]["mean"] == ran[1]
+    resumed = in_process("test", "--model", "center", *common, "--out", str(tmp_path / "resumed_b"), "--predictions",
+                         str(tmp_path / "store_b"), "--predictions_dtype", "float32", "--resume", "true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     missing = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "nothing"))
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0 and "no prediction store" in missing.stderr
     alone = in_process("compare", "--predictions", str(tmp_path / "store_a"))

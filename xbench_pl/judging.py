@@ -120,7 +120,7 @@ class Judge(nn.Module):
     def judged(self, batch: Batch, output: ZeroShotOutput) -> TestStepOutput:
         b, c = batch.labels.shape
         if output.scores.shape != (b, c) or output.saliency.dim() != 4 or output.saliency.shape[:2] != (b, c):
-            raise ValueError(f"{type(self).__name__}.zero_shot returned scores {tuple(output.scores.shape)} and saliency "
+            raise ValueError(f"{type(self).__name__} gave scores {tuple(output.scores.shape)} and saliency "
                              f"{tuple(output.saliency.shape)}; expected [{b}, {c}] and [{b}, {c}, h, w]")
         not_finite = ~torch.isfinite(output.saliency).flatten(2).all(2)
         if not_finite.any():
@@ -203,6 +203,12 @@ class Judge(nn.Module):
 
 #: the names of ``Judge``'s arguments: the metric settings a prediction store records and a replay judges with
 JUDGE_ARGS = tuple(name for name in inspect.signature(Judge.__init__).parameters if name != "self")
+
+
+def stored_judge_settings(manifest: dict) -> dict:
+    """A prediction store's metric settings (its manifest's ``metrics``) that are ``Judge``'s: a store written before
+    the judging had a class of its own also records fit's ``trainable``, ``lr`` and ``weight_decay`` there."""
+    return {k: v for k, v in manifest.get("metrics", {}).items() if k in JUDGE_ARGS}
 
 
 def judge_settings(judge: Judge) -> dict:

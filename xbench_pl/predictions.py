@@ -20,9 +20,9 @@ UPDATE_PIXELS = 2**22
 
 
 class Replayer(Judge):
-    """A ``Judge`` of stored predictions on ``device``, without a model: ``replay`` feeds it batches rebuilt from a
-    store, judged exactly as in the run that made them; ``settings``: ``Judge``'s arguments (``judging.judge_settings``
-    of that run)."""
+    """A ``Judge`` of stored predictions on ``device`` (fixed here: the metrics are created there), without a model:
+    ``replay`` feeds it batches rebuilt from a store, judged exactly as in the run that made them; ``settings``:
+    ``Judge``'s arguments (``judging.judge_settings`` of that run)."""
 
     def __init__(self, device: torch.device | str = "cpu", **settings):
         super().__init__(**settings)

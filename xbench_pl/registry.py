@@ -1,6 +1,8 @@
 """Models and datasets by name. A name is a config file: ``configs/models/NAME.yaml`` or
 ``configs/data/NAME.yaml``, holding ``class_path`` and default ``init_args``. Adding a model or
-dataset is one module plus one such file; the CLI and ``create_*`` find it by its name.
+dataset is one module plus one such file; the CLI and ``create_*`` find it by its name. A dataset module defines
+its plain class (``MyData(XBenchData)``) and ends with ``__getattr__ = lightning_datamodules(MyData)``; its config
+names ``module.MyDataModule``.
 """
 
 from __future__ import annotations

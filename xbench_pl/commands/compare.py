@@ -1,7 +1,7 @@
 """``python -m xbench_pl compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]``.
 
 Is run A better grounded (or better at recognition) than run B on the same data? Both prediction
-stores (written by ``test --predictions DIR``) are replayed through the benchmark (``score.replay_store``:
+stores (written by ``test --predictions DIR``) are replayed through the benchmark (``predictions.replay_store``:
 no model is run), each with its own run's metric settings, on one dataset: ``--data NAME [--data.ARG V]``,
 else A's. Both must hold every image of it (else the command names what is missing).
 
@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     check_writable({"--out": options["--out"]})
     import torch
 
-    from xbench_pl.prediction_store import Store, StoreError, model_name  # here: --help starts without torch
+    from xbench_pl.judging import stored_judge_settings  # here: --help starts without torch
+    from xbench_pl.prediction_store import Store, StoreError, model_name
     from xbench_pl.predictions import replay_store
 
     try:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         stored_b = store_b.read_manifest()
         if stored_b is None:
             raise UsageProblem(f"{store_b.manifest_path} not found: {folders[1]} is no prediction store")
-        metrics_b = {**stored_b.get("metrics", {}), "bootstrap": 0}
+        metrics_b = {**stored_judge_settings(stored_b), "bootstrap": 0}
         replay_a = replay_store(run_a.store, run_a.datamodule, {**run_a.metrics, "bootstrap": 0})
         replay_b = replay_store(store_b, run_a.datamodule, metrics_b)  # the same data as A
         with torch.inference_mode():

@@ -64,10 +64,10 @@ def format_summary(name: str, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def build_parser(datamodule_class: type, defaults: dict) -> ArgumentParser:
+def build_parser(dataset_class: type, defaults: dict) -> ArgumentParser:
     parser = ArgumentParser(prog="python -m xbench_pl describe --data NAME", description=__doc__.split("\n\n")[1],
                             **PARSER_KWARGS)
-    parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
+    parser.add_class_arguments(dataset_class, "data", skip={"preprocess"})
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults({f"data.{k}": v for k, v in {"on_error": "skip", **defaults}.items()})
     return parser
@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --data NAME is required; available: {available('data')}", file=sys.stderr)
         return 2
     try:
-        datamodule_class, defaults = read_data_config(name)
+        dataset_class, defaults = read_data_config(name)
     except KeyError as error:
         print(f"error: --data: {error}", file=sys.stderr)
         return 2
-    args = build_parser(datamodule_class, defaults).parse_args(rest)
-    datamodule: XBenchData = datamodule_class(**args.data.as_dict())
+    args = build_parser(dataset_class, defaults).parse_args(rest)
+    datamodule: XBenchData = dataset_class(**args.data.as_dict())
     pooled = datamodule.datamodules != [datamodule]
     summaries, failed = {}, False
     for child in datamodule.datamodules:

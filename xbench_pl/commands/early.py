@@ -44,7 +44,7 @@ def init_types(class_path: str) -> dict[str, str]:
     imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in tree.body
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 for alias in node.names}
     if name not in classes and name.removesuffix("Module") in classes:
-        name = name.removesuffix("Module")  # a dataset's LightningDataModule: its plain class's (data.base.lightning_datamodules)
+        name = name.removesuffix("Module")  # a dataset's LightningDataModule: its plain class's (registry.lightning_datamodules)
     if name not in classes:
         return init_types(imported[name]) if name in imported else {}
     types: dict[str, str] = {}

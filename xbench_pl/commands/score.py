@@ -115,12 +115,12 @@ SHARED_HELP = {
 METRIC_OPTIONS = ("normalize", "fixed_threshold", "score_threshold")
 
 
-def build_parser(datamodule_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
+def build_parser(dataset_class: type, data_defaults: dict, metric_defaults: dict) -> ArgumentParser:
     from xbench_pl.metrics.functional import NormalizeMode
 
     kinds = {"normalize": NormalizeMode, "fixed_threshold": GridThreshold, "score_threshold": ClosedUnitInterval}
     parser = ArgumentParser(prog=f"{PROG} score --predictions DIR", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
-    parser.add_class_arguments(datamodule_class, "data", skip={"preprocess"})
+    parser.add_class_arguments(dataset_class, "data", skip={"preprocess"})
     parser.set_defaults({f"data.{k}": v for k, v in data_defaults.items() if k != "preprocess"})
     parser.add_argument("--out", default="results", help="folder for metrics.json and metrics.md")
     for name, kind in kinds.items():
@@ -152,7 +152,7 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     """A prediction store and what to score it on: ``store``, its manifest ``stored``, the run's ``config``
     (with the data and metric settings ``rest`` changes), the ``datamodule`` (``--data NAME``/``--data.ARG V``
     in ``rest``, else the store's), the metric settings ``metrics`` and the parsed ``args``."""
-    from xbench_pl.judging import JUDGE_ARGS  # here, not at the top: --help starts without torch
+    from xbench_pl.judging import stored_judge_settings  # here, not at the top: --help starts without torch
     from xbench_pl.prediction_store import Store
 
     store = Store(folder)
@@ -164,14 +164,14 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     name, rest = take_option(rest, "--data")
     data_config = config.get("data") or {}
     if name is not None:
-        datamodule_class, defaults = read_data_config(name)
+        dataset_class, defaults = read_data_config(name)
         base = {"class_path": class_path("data", name), "init_args": dict(defaults)}
     elif "init_args" in data_config:
-        datamodule_class, base = data_class(data_config["class_path"]), data_config
+        dataset_class, base = data_class(data_config["class_path"]), data_config
     else:
         raise UsageProblem(f"the store {folder} records no data config (written by the callback outside the CLI): "
                            "give the dataset with --data NAME [--data.ARG V]")
-    args = build_parser(datamodule_class, base.get("init_args", {}), stored.get("metrics", {})).parse_args(rest)
+    args = build_parser(dataset_class, base.get("init_args", {}), stored.get("metrics", {})).parse_args(rest)
     chosen = args.data.as_dict()
     changed = name is not None or any(base["init_args"].get(k) != v for k, v in chosen.items())
     if changed:
@@ -181,9 +181,8 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     for key, value in chosen_metrics.items():
         if key in init_args or value != stored.get("metrics", {}).get(key):
             init_args[key] = value
-    # every metric setting of the run, as asked (an older store's manifest also records fit's options: not read)
-    metrics = {k: v for k, v in {**stored.get("metrics", {}), **chosen_metrics}.items() if k in JUDGE_ARGS}
-    return SimpleNamespace(store=store, stored=stored, config=config, datamodule=datamodule_class(**chosen), metrics=metrics, args=args)
+    metrics = {**stored_judge_settings(stored), **chosen_metrics}  # every metric setting of the run, as asked
+    return SimpleNamespace(store=store, stored=stored, config=config, datamodule=dataset_class(**chosen), metrics=metrics, args=args)
 
 
 def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, options: dict[str, str],
                  cxl: bool = True) -> SimpleNamespace | int:
     """What ``score --maps`` and ``score --boxes`` share before reading their input: ``source`` (``flag``'s
-    value, ``what`` the help calls it), the table ``columns``, the ``datamodule_class`` (``--data NAME``) and
+    value, ``what`` the help calls it), the table ``columns``, the ``dataset_class`` (``--data NAME``) and
     its ``chosen`` settings, the ``metrics`` settings and the parsed ``args``; or the exit code (0 after
     ``--help``, 2 on a usage error)."""
     source, rest = take_option(list(argv), flag)
@@ -265,21 +264,21 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
         return 2
     try:
         columns, rest = take_columns(rest)
-        datamodule_class, defaults = read_data_config(name)
+        dataset_class, defaults = read_data_config(name)
     except UsageProblem as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: --data {name}: {error}", file=sys.stderr)
         return 2
-    parser = build_parser(datamodule_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
+    parser = build_parser(dataset_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
     if cxl:
         parser.add_argument("--cxl", type=bool, default=False, help="also CheXlocalize's hit rate and mIoU at full resolution")
     parser.add_argument("--bootstrap", type=NonNegativeInt, default=1000, help="bootstrap resamples for ci (0 = off)")
     args = parser.parse_args(rest)
     check_writable({"--out": args.out})
     settings = {"cxl": args.cxl} if cxl else {}
-    return SimpleNamespace(source=Path(source), columns=columns, datamodule_class=datamodule_class,
+    return SimpleNamespace(source=Path(source), columns=columns, dataset_class=dataset_class,
                            data_class_path=class_path("data", name), chosen=args.data.as_dict(),
                            metrics={k: getattr(args, k) for k in METRIC_OPTIONS}, settings={**settings, "bootstrap": args.bootstrap},
                            args=args)
@@ -289,7 +288,7 @@ def external_replayer(run: SimpleNamespace):
     """The datamodule of ``run`` (``external_run``) and a ``Replayer`` holding its metrics, as asked."""
     from xbench_pl.predictions import metrics_replayer
 
-    datamodule = run.datamodule_class(**run.chosen)
+    datamodule = run.dataset_class(**run.chosen)
     return datamodule, metrics_replayer(datamodule, **run.metrics, **run.settings)
 
 

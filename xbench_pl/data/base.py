@@ -230,7 +230,8 @@ class XBenchData:
             saliency and regions are compared there (default 512: see docs/architecture.md).
         on_error: ``"raise"`` (stop at the first bad input, naming file and row) or ``"skip"``
             (drop it, count it, report it in ``problems`` and in ``metrics.json``).
-        preprocess: the model's input spec; taken from the model under test when not given.
+        preprocess: the model's input spec; not given, a Lightning run takes the model under test's
+            (``XBenchDataModule``), and anything else that loads images must give one.
         cache_dir: folder of the decode cache (``xbench_pl.data.cache``); default: the
             ``XBENCH_CACHE_DIR`` environment variable, else no cache. Results do not depend on it.
         max_side: decode images to at most this long side before preprocessing (geometry stays

@@ -117,8 +117,9 @@ class ZeroShotModel(Judge, L.LightningModule):
                  trust_steps: PositiveInt = 10, trust_baseline: Literal["blur", "mean"] = "blur",
                  trust_blur_sigma: PositiveFloat = 10.0, trust_stages: Literal["all", "last"] = "all",
                  trust_pairs: Literal["regions", "all"] = "regions", trust_fraction: ClosedUnitInterval = 1.0):
-        super().__init__(normalize, fixed_threshold, score_threshold, bootstrap, bootstrap_seed, size_strata, tune_from, cxl,
-                         negatives, groups)  # Judge's: how the maps and scores are judged
+        super().__init__(normalize=normalize, fixed_threshold=fixed_threshold, score_threshold=score_threshold,  # Judge's
+                         bootstrap=bootstrap, bootstrap_seed=bootstrap_seed, size_strata=size_strata, tune_from=tune_from,
+                         cxl=cxl, negatives=negatives, groups=groups)
         if explainer not in self.explainers():
             raise ValueError(f"explainer {explainer!r}: {type(self).__name__} has no network to explain; it takes 'native' only")
         if explainer_layer is not None and explainer == "native":
