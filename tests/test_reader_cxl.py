@@ -151,3 +151,26 @@ def test_real_sample_ground_truth_as_reader(real_cxr, tmp_path):
     for finding, row in results["classes"].items():
         want = np.mean(hits[finding]) if finding in hits else None
         assert row["cxl_hit_rate"] == (None if want is None else pytest.approx(want, abs=1e-9)), finding
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """A resumed run replays the stored images into the reader itself: their cxl keys are drawn from the annotation at
+    full resolution, as in the run, not judged from the stored eval-grid maps."""
+    from xbench_pl.callbacks.predictions import PredictionWriter
+
+    def stored_run(store, resume):
+        dm, model = chexlocalize(tmp_path)
+        dm.batch_size = 1
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            callbacks=[PredictionWriter(str(store), dtype="float32", resume=resume, shard_images=1)])
+        trainer.test(model, datamodule=dm, verbose=False)
+        return model.results[dm.name]
+
+    whole = stored_run(tmp_path / "store", resume=False)
+    shards = sorted((tmp_path / "store" / "shards").glob("*.safetensors"))
+    assert len(shards) == 2
+    shards[1].unlink()  # the run stopped after its first image
+    resumed = stored_run(tmp_path / "store", resume=True)
+    assert resumed["mean"]["cxl_miou_all"] is not None
+    assert json.dumps(resumed["mean"]) == json.dumps(whole["mean"])
+    assert json.dumps(resumed["classes"]) == json.dumps(whole["classes"])

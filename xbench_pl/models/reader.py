@@ -33,9 +33,10 @@ CheXlocalize spells them) their human-benchmark hit: 1 where any of the reader's
 finding lies in the ground truth (row ``int(y)``, column ``int(x)``), 0 where none does or the reader
 gave none, not counted where the ground truth has no region of the finding; without that file, the
 annotation's first marked pixel (row-major) as a model's map would be judged (not CheXlocalize's
-human benchmark). A prediction store of a reader run holds its eval-grid maps: a run resumed from one
-would judge the stored images' cxl keys from those maps, so the reader in cxl mode refuses to resume
-(and ``score`` on its store judges the stored maps as any model's).
+human benchmark). A prediction store of a reader run holds its eval-grid maps; a run resumed from one
+replays them into the reader itself, whose ``update_cxl`` draws each stored image's annotation at full
+resolution as the run does, so the cxl keys equal an uninterrupted run's. ``score`` on its store judges the
+stored maps as any model's (no reader, no annotation).
 """
 
 from __future__ import annotations
@@ -170,13 +171,6 @@ class ReaderModel(ZeroShotModel):
         self.salient_points_file = None if salient_points is None else str(salient_points)
         self.salient_points = None if salient_points is None else read_salient_points(salient_points)
         self.preprocess = Preprocess(resize="squash", size=512)  # the default eval grid: no resize for heatmaps
-
-    def on_test_start(self) -> None:
-        super().on_test_start()
-        # a store's images would be replayed from their eval-grid maps, not drawn at full resolution (module docstring)
-        if self.cxl and any(getattr(callback, "resumed", None) for callback in self.trainer.callbacks):
-            raise ValueError("reader with cxl=True: its cxl keys are drawn at full resolution during the run and cannot "
-                             "be resumed from a prediction store; use an empty --predictions folder")
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """The batch with its input made the eval grid (``eval_grid_affine``): the reader's maps are drawn there."""
