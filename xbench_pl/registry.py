@@ -131,8 +131,9 @@ def renamed_key(key: str, spelling: str = "{}=", where: str = "") -> str:
     return new
 
 
-def create(kind: str, name: str, **overrides):
-    cls, init_args = read_config(kind, name)
+def create(kind: str, name: str, resolve=resolve_class, /, **overrides):
+    """A registered name's class (``resolve``d from its config's class path) with ``overrides`` over its init args."""
+    cls, init_args = read_config(kind, name, resolve)
     return cls(**{**init_args, **overrides})
 
 

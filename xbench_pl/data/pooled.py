@@ -32,6 +32,7 @@ A child passed as an ``XBenchData`` instance is used as it is.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from xbench_pl.data.base import OnError, XBenchData
 from xbench_pl.geometry import Preprocess
-from xbench_pl.registry import data_class, lightning_datamodules, read_data_config
+from xbench_pl.registry import create, data_class, lightning_datamodules
 
 
 class PooledData(XBenchData):
@@ -102,8 +103,7 @@ def build_child(entry: str | dict[str, Any] | XBenchData, shared: dict[str, Any]
     if isinstance(entry, dict) and set(entry) <= {"name", "class_path", "init_args"} and ("name" in entry) != ("class_path" in entry):
         overrides = {**shared, **(entry.get("init_args") or {})}
         if "name" in entry:
-            cls, defaults = read_data_config(entry["name"])
-            name, make = entry["name"], lambda **kw: cls(**{**defaults, **kw})
+            name, make = entry["name"], partial(create, "data", entry["name"], data_class)
         else:
             cls = data_class(entry["class_path"])
             name, make = getattr(cls, "name", ""), cls
