@@ -10,6 +10,7 @@ import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from background_lane import BackgroundLane  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,6 +69,23 @@ def real_cxr() -> Path:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message}: CI must run the real-sample tests", pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_lane(request, tmp_path_factory):
+    """The jobs of the selected tests' ``background`` marks (``background_lane``), started with the first test."""
+    jobs = dict.fromkeys(mark.kwargs["job"] for item in request.session.items for mark in item.iter_markers("background"))
+    lane = BackgroundLane({job: tmp_path_factory.mktemp(job.__name__) for job in jobs})
+    yield lane
+    lane.stop()
+
+
+@pytest.fixture
+def background(request, background_lane):
+    """``(folder, value)``: the folder the job of the test's ``@pytest.mark.background(job=...)`` had and what it
+    returned (the lane ran it beside earlier tests)."""
+    job = request.node.get_closest_marker("background").kwargs["job"]
+    return background_lane.folders[job], background_lane.result(job)
 
 
 def pytest_collection_modifyitems(config, items):

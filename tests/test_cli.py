@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
@@ -17,17 +18,22 @@ from pathlib import Path
 from unittest import mock
 
 from xbench_pl.commands import main
-from xbench_pl.data.nih_bbox import DemoDataModule
+import pytest
+
+from xbench_pl.data.nih_bbox import DemoData
 from xbench_pl.metrics import metric_keys
 from xbench_pl.outputs import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = set(metric_keys()) | {"n_pos", "n_neg", "n_regions"}
+SESSION_ENVIRON = dict(os.environ)  # as conftest set it: what the background lane's processes get
 
 
 def cli_env(**extra) -> dict[str, str]:
-    """The environment of a command the tests start: this one, offline, with the tests' fixture models importable."""
-    return {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    """The environment of a command the tests start: this one, offline, with the tests' fixture models importable.
+    A background job (``background_lane``) gets the session's, not what a test beside it has set meanwhile."""
+    environ = os.environ if threading.current_thread() is threading.main_thread() else SESSION_ENVIRON
+    return {**environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **extra}
 
 
@@ -114,9 +120,15 @@ class DDPPair:
         return number
 
     def run(self, args: list[str], timeout: float, environ: dict) -> subprocess.CompletedProcess:
+        return self.wait(self.submit(args, environ), args, timeout)
+
+    def submit(self, args: list[str], environ: dict) -> int:
+        """Give the ranks a run and return at once; ``wait`` for its number."""
         if not self.ranks:
             self.start()
-        number = self.send({"args": args, "environ": environ})
+        return self.send({"args": args, "environ": environ})
+
+    def wait(self, number: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
         answers = [self.inbox / f"{number}.rank{rank}.json" for rank in (0, 1)]
         deadline, problem = time.monotonic() + timeout, ""
         while not all(answer.exists() for answer in answers):
@@ -164,7 +176,11 @@ atexit.register(DDP_PAIR.stop)
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
     """``lightning_ddp(*args)`` on the session's two DDP ranks (``DDPPair``), ``extra`` added to their environment
     meanwhile. Exit status: the first non-zero; output: rank 0's, then rank 1's."""
-    return DDP_PAIR.run([*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"], timeout, extra)
+    return DDP_PAIR.run(on_two_ranks(args), timeout, extra)
+
+
+def on_two_ranks(args) -> list[str]:
+    return [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:
@@ -208,14 +224,18 @@ def run_sweep_in_process(sweep_file: Path, out: Path) -> int:
         return sweep.main([str(sweep_file), "--out", str(out)])
 
 
-def one_and_two_processes(out: Path, *args, two_processes=ddp_ranks):
-    """Run ``test ARGS`` in 1 process and in 2 DDP processes (``ddp_ranks``, or ``lightning_ddp``): (report of 1,
-    report of 2, the DDP run), each report without its ``provenance`` (times, world size), which is checked and
-    dropped. The one process is this one: the 2 DDP processes are compared with the code the other tests run in
-    process."""
+def one_and_two_processes(out: Path, *args, two: subprocess.CompletedProcess | None = None):
+    """Run ``test ARGS`` in 1 process and in 2 DDP processes: (report of 1, report of 2, the DDP run), each report
+    without its ``provenance`` (times, world size), which is checked and dropped. The one process is this one: the 2
+    DDP processes are compared with the code the other tests run in process. They are the session's ``ddp_ranks``,
+    computing while this one does, or ``two``: a run made already, out in ``out/two``."""
+    if two is None:
+        pair_args = on_two_ranks([*args, "--out", str(out / "two")])
+        number = DDP_PAIR.submit(pair_args, {})
     one = in_process(*args, "--out", str(out / "one"))
+    if two is None:
+        two = DDP_PAIR.wait(number, pair_args, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = two_processes(*args, "--out", str(out / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = (json.loads((out / run / "metrics.json").read_text()) for run in ("one", "two"))
     assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
@@ -236,14 +256,22 @@ def test_demo_benchmark_writes_metrics_json_and_table(tmp_path):
     assert table[2].startswith("| demo ") and "| Cardiomegaly |" in (tmp_path / "metrics.md").read_text()
 
 
-def test_one_and_two_process_ddp_give_identical_metrics(tmp_path):
-    """One image: rank 1 gets only the sampler's padding copy of it. (The odd split, 11 images over 2 ranks, is
-    test_multinode's and, on one node, test_callbacks' runs.)"""
-    split = tmp_path / "split.csv"
-    split.write_text("image_id\n" + min(r.image_id for r in DemoDataModule().load_records()) + "\n")
+def one_image_on_lightnings_launcher(folder: Path) -> tuple[list[str], subprocess.CompletedProcess]:
+    """The background job of the test below: ``test`` on one demo image in 2 DDP processes as a user starts them
+    (Lightning's launcher), out in ``folder/two``; (the run's options, the run)."""
+    split = folder / "split.csv"
+    split.write_text("image_id\n" + min(r.image_id for r in DemoData().load_records()) + "\n")
     common = ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
               "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    a, b, two = one_and_two_processes(tmp_path, *common, two_processes=lightning_ddp)  # as a user starts it
+    return common, lightning_ddp(*common, "--out", str(folder / "two"))
+
+
+@pytest.mark.background(job=one_image_on_lightnings_launcher)
+def test_one_and_two_process_ddp_give_identical_metrics(background):
+    """One image: rank 1 gets only the sampler's padding copy of it. (The odd split, 11 images over 2 ranks, is
+    test_multinode's and, on one node, test_callbacks' runs.)"""
+    folder, (common, two) = background
+    a, b, two = one_and_two_processes(folder, *common, two=two)
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
     assert "sync_dist" not in two.stderr and "Test metric" not in two.stdout  # quiet under DDP too
     mean = a["datasets"]["demo"]["mean"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+from pathlib import Path
 from typing import get_args
 
 import numpy as np
@@ -22,8 +24,11 @@ from xbench_pl.data.errors import DataError
 
 @pytest.fixture
 def nih(tmp_path):
+    return write_nih(tmp_path / "nih")
+
+
+def write_nih(root: Path) -> Path:
     """A three-image NIH box-list layout: b.png is truncated (corrupt), c.png's box reaches outside."""
-    root = tmp_path / "nih"
     (root / "images").mkdir(parents=True)
     for name in "abc":
         Image.fromarray(np.random.default_rng(ord(name)).integers(0, 255, (64, 64), np.uint8)).save(root / "images" / f"{name}.png")
@@ -133,12 +138,20 @@ def test_help_lists_every_command(capsys):
     assert (code, err) == (2, f"error: unknown command 'frobnicate'; commands: {', '.join(SUMMARIES)} (see python -m xbench_pl --help)\n")
 
 
-def test_quiet_run_reports_skips_random_weights_and_provenance(nih, tmp_path):
-    split = tmp_path / "ids.txt"
+def quiet_run(folder: Path) -> subprocess.CompletedProcess:
+    """The background job of the test below: a run in a fresh process on ``write_nih``'s layout, two of whose three
+    split lines are a corrupt image and a box outside; out in ``folder/out``."""
+    split = folder / "ids.txt"
     split.write_text("a.png\nb.png\nc.png\n")  # no header: a.png must not be taken for one
-    out = tmp_path / "out"
-    result = cli("test", "--model", "fixture_models.RandomIntensityModel", "--model.random_init", "true", "--data", "nih_bbox",
-                 "--data.root", str(nih), "--data.on_error", "skip", "--data.split_file", str(split), "--out", str(out))
+    return cli("test", "--model", "fixture_models.RandomIntensityModel", "--model.random_init", "true", "--data", "nih_bbox",
+               "--data.root", str(write_nih(folder / "nih")), "--data.on_error", "skip", "--data.split_file", str(split),
+               "--out", str(folder / "out"))
+
+
+@pytest.mark.background(job=quiet_run)
+def test_quiet_run_reports_skips_random_weights_and_provenance(background):
+    folder, result = background
+    out = folder / "out"
     assert result.returncode == 0, result.stderr[-3000:]
     console = result.stdout + result.stderr
     for noise in ("Seed set", "No seed found", "GPU available", "TPU available", "💡", "Test metric", "LeafSpec"):

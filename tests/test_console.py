@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from test_cli import cli
@@ -29,9 +31,16 @@ def full_row(seed: float) -> dict:
     return {key: (12 if key.startswith("n_") else round(seed + i / 1000, 3)) for i, key in enumerate(column_names())}
 
 
-def test_a_piped_run_prints_progress_lines_and_a_table_that_fits_100_columns(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # -X importtime: what the run imported, on stderr
-    result = cli("test", "--model", "location_prior", "--data", "demo", "--data.batch_size", "1", "--out", str(tmp_path))
+def piped_run(folder: Path) -> subprocess.CompletedProcess:
+    """The background job of the test below: a run in a fresh process, its output in pipes, its imports profiled
+    (``-X importtime``: what it imported, on stderr); out in ``folder``."""
+    return cli("test", "--model", "location_prior", "--data", "demo", "--data.batch_size", "1", "--out", str(folder),
+               PYTHONPROFILEIMPORTTIME="1")
+
+
+@pytest.mark.background(job=piped_run)
+def test_a_piped_run_prints_progress_lines_and_a_table_that_fits_100_columns(background):
+    tmp_path, result = background
     assert result.returncode == 0, result.stderr[-3000:]
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\w+)", result.stderr, re.M))
     assert "lightning" in imported  # the run was profiled

@@ -5,9 +5,10 @@ subprocesses). 11 images over 2 ranks: an odd split, whose padding copy must not
 import json
 from pathlib import Path
 
+import pytest
 from test_cli import finish, free_port, in_process, start
 
-from xbench_pl.data.nih_bbox import DemoDataModule
+from xbench_pl.data.nih_bbox import DemoData
 
 
 def two_nodes(args: list[str], out: Path) -> None:
@@ -23,18 +24,25 @@ def two_nodes(args: list[str], out: Path) -> None:
 def eleven_images(tmp_path: Path, accelerator: str) -> list[str]:
     """``test`` options on the first 11 demo images (an odd split over 2 ranks) with the pixel-dependent model."""
     split = tmp_path / "split.csv"
-    split.write_text("image_id\n" + "\n".join(sorted(r.image_id for r in DemoDataModule().load_records())[:11]) + "\n")
+    split.write_text("image_id\n" + "\n".join(sorted(r.image_id for r in DemoData().load_records())[:11]) + "\n")
     return ["test", "--model", "fixture_models.IntensityModel", "--data", "demo", "--data.split_file", str(split),
             "--data.batch_size", "3", "--trainer.accelerator", accelerator, "--model.bootstrap", "50"]
 
 
-def test_two_nodes_one_process_each_equal_one_process(tmp_path):
-    common = eleven_images(tmp_path, "cpu")
-    one = in_process(*common, "--out", str(tmp_path / "one"))
+def eleven_images_on_two_nodes(folder: Path) -> list[str]:
+    """The background job of the test below: the run on 2 nodes (``folder/node0``, ``folder/node1``); its options."""
+    common = eleven_images(folder, "cpu")
+    two_nodes([*common, "--trainer.strategy", "ddp"], folder)
+    return common
+
+
+@pytest.mark.background(job=eleven_images_on_two_nodes)
+def test_two_nodes_one_process_each_equal_one_process(background):
+    folder, common = background
+    one = in_process(*common, "--out", str(folder / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    two_nodes([*common, "--trainer.strategy", "ddp"], tmp_path)
-    assert not (tmp_path / "node1" / "metrics.json").exists()  # global rank 0 (node 0) writes the report
-    a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "node0"))
+    assert not (folder / "node1" / "metrics.json").exists()  # global rank 0 (node 0) writes the report
+    a, b = (json.loads((folder / run / "metrics.json").read_text()) for run in ("one", "node0"))
     assert (a.pop("provenance")["world_size"], b.pop("provenance")["world_size"]) == (1, 2)
     assert json.dumps(a) == json.dumps(b)  # every number, byte for byte
     mean = a["datasets"]["demo"]["mean"]

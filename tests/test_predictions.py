@@ -133,10 +133,11 @@ def test_store_layout_and_score_equals_test(reference, tmp_path):
     assert a["datasets"]["demo"]["mean"]["dice@0.5"] != b["datasets"]["demo"]["mean"]["dice@0.5"]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, tmp_path):
-    run, _ = reference
-    store, ready, log = tmp_path / "store", tmp_path / "ready", tmp_path / "computed.txt"
-    args = ["test", *MODEL, *COMMON, "--out", str(tmp_path / "resumed"), "--predictions", str(store),
+def killed_run(folder: Path) -> tuple[list[str], int]:
+    """The background job of the test below: a run storing its predictions in ``folder/store``, killed (SIGKILL) in
+    its third batch; (its options, its exit status)."""
+    store, ready = folder / "store", folder / "ready"
+    args = ["test", *MODEL, *COMMON, "--out", str(folder / "resumed"), "--predictions", str(store),
             "--predictions_dtype", "float32", "--predictions_shard_images", "3"]
     killed = subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=cli_env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
@@ -155,15 +156,23 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, tmp_path):
         if killed.poll() is None:
             killed.kill()
         killed.stderr.close()
-    assert killed.returncode == -signal.SIGKILL
+    return args, killed.returncode
+
+
+@pytest.mark.background(job=killed_run)
+def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, background):
+    run, _ = reference
+    folder, (args, returncode) = background
+    store, log = folder / "store", folder / "computed.txt"
+    assert returncode == -signal.SIGKILL
     good, bad = Store(store).load()
     stored = sorted(i for s in good for i in s["image_ids"])
-    assert bad == [] and len(stored) == 6 and not (tmp_path / "resumed" / "metrics.json").exists()
+    assert bad == [] and len(stored) == 6 and not (folder / "resumed" / "metrics.json").exists()
     resumed = in_process(*args, "--resume", "true", XBENCH_TEST_LOG=str(log))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     computed = log.read_text().split()
     assert len(computed) == 6 and not set(computed) & set(stored)  # only the rest was computed
-    assert metrics(tmp_path / "resumed") == metrics(run)  # byte for byte
+    assert metrics(folder / "resumed") == metrics(run)  # byte for byte
     assert sum(len(s["image_ids"]) for s in Store(store).load()[0]) == 12
 
 

@@ -4,6 +4,7 @@ and ``--model.image_size`` for open_clip ViTs (the resolution sweeps)."""
 import csv
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from test_cli import run_sweep_in_process
+from test_cli import cli, run_sweep_in_process
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.commands import sweep
 from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, read_architecture
@@ -89,20 +90,28 @@ def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(tmp_path, capsys, monkeypatch):
-    """The center_sigma sweep (without the W&B logger, for speed): one configuration and one that fails, each run in
-    its own process as a user's sweep runs them; then, as after an interruption, the grid grown by a configuration
-    whose run left its folder but no metrics.json: the restart runs only that one (and the failed one). What the
-    restart decides is the sweep's own: its runs go through ``run_sweep_in_process``, without a start-up each."""
+def sigma_sweep(folder: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    """The background job of the test below: ``sweep`` of the center_sigma file (without the W&B logger, for speed)
+    over one good sigma and one that fails, out in ``folder/out``, as a user runs it: the sweep and each of its runs
+    in a process of its own; (the sweep's spec, the sweep)."""
     spec = yaml.safe_load((REPO / "sweeps" / "center_sigma.yaml").read_text())
     at = spec["command"].index("--trainer.logger")
     del spec["command"][at : at + 2]
     spec["parameters"]["model.sigma"]["values"] = [0.1, -1.0]
-    file = tmp_path / "sigma.yaml"
+    file = folder / "sigma.yaml"
     file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    out = tmp_path / "out"
-    monkeypatch.chdir(REPO)
-    assert sweep.main([str(file), "--out", str(out)]) == 1  # one run failed, the others went on
+    return spec, cli("sweep", str(file), "--out", str(folder / "out"))
+
+
+@pytest.mark.background(job=sigma_sweep)
+def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(background, capsys, monkeypatch):
+    """The sweep of ``sigma_sweep``; then, as after an interruption, the grid grown by a configuration whose run left
+    its folder but no metrics.json: the restart runs only that one (and the failed one). What the restart decides is
+    the sweep's own: its runs go through ``run_sweep_in_process``, without a start-up each."""
+    folder, (spec, swept) = background
+    file, out = folder / "sigma.yaml", folder / "out"
+    assert swept.returncode == 1, swept.stderr[-3000:]  # one run failed, the others went on
+    monkeypatch.chdir(REPO)  # where a user's sweep runs
     with (out / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == ["done", "failed (exit 2)"]
