@@ -1,16 +1,16 @@
 """``export --to npy|cheXlocalize``: a store in other tools' layouts, and back through ``score --maps``."""
 
 import json
-import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import REPO
-from test_predictions import run_test, shard_of
+from test_cli import REPO, cli, cli_env
+from test_predictions import COMMON, MODEL, run_test, shard_of
 
 from xbench_pl.commands import main
 from xbench_pl.exports import infer_preprocess
@@ -47,32 +47,41 @@ def test_npy_export_then_score_maps_gives_score_predictions_exactly(half_store, 
     assert score_maps(tmp_path / "npy", tmp_path / "scored") == expected  # every table, every number
 
 
-def test_commands_without_a_model_load_no_lightning(half_store, tmp_path):
-    """One fresh process runs them one after the other and says which of Lightning, torchmetrics and albumentations
-    each one imported: ``describe`` reads a dataset (a plain class) and preprocesses no image, so it loads none of
-    them; ``export`` and ``store upgrade`` read and write store files only (``prediction_store``; an export infers
-    the model's preprocessing); ``score`` and ``compare`` judge with the metrics (a plain ``Judge``): torchmetrics,
-    never Lightning. The replay's numbers are the run's."""
-    store, expected = half_store
+def probed_commands(folder: Path) -> subprocess.CompletedProcess:
+    """The background job of the test below: a float16 store of the demo (``folder/store``, a run in a process of its
+    own), then one fresh process that runs the commands below one after the other and says which of Lightning,
+    torchmetrics and albumentations each one imported."""
+    store = folder / "store"
+    run = cli("test", *MODEL, *COMMON, "--out", str(folder / "run"), "--predictions", str(store), "--predictions_shard_images", "5")
+    assert run.returncode == 0, run.stderr[-3000:]
     commands = [["describe", "--data", "demo", "--json"],
-                ["export", "--predictions", str(store), "--to", "npy", "--out", str(tmp_path / "npy")],
+                ["export", "--predictions", str(store), "--to", "npy", "--out", str(folder / "npy")],
                 ["store", "upgrade", str(store)],
-                ["score", "--predictions", str(store), "--out", str(tmp_path / "scored")],
-                ["compare", "--predictions", str(store), str(store), "--bootstrap", "10", "--out", str(tmp_path / "compared")]]
+                ["score", "--predictions", str(store), "--out", str(folder / "scored")],
+                ["compare", "--predictions", str(store), str(store), "--bootstrap", "10", "--out", str(folder / "compared")]]
     probe = ("import sys\nfrom xbench_pl.commands import main\n"
              f"for command in {commands!r}:\n"
              "    before = set(sys.modules)\n"
              "    code = main(command)\n"
              "    loaded = sorted({'lightning', 'torchmetrics', 'albumentations'} & (set(sys.modules) - before))\n"
              "    print(f'{command[0]} exit {code} loaded {loaded}', file=sys.stderr)\n")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env())
+
+
+@pytest.mark.background(job=probed_commands)
+def test_commands_without_a_model_load_no_lightning(background):
+    """``describe`` reads a dataset (a plain class) and preprocesses no image, so it loads none of them; ``export`` and
+    ``store upgrade`` read and write store files only (``prediction_store``; an export infers the model's
+    preprocessing); ``score`` and ``compare`` judge with the metrics (a plain ``Judge``): torchmetrics, never
+    Lightning. The fresh process's score is this process's."""
+    folder, result = background
     said = [line for line in result.stderr.splitlines() if " exit " in line]
     assert said == ["describe exit 0 loaded []", "export exit 0 loaded ['albumentations']", "store exit 0 loaded []",
                     "score exit 0 loaded ['torchmetrics']", "compare exit 0 loaded []"], result.stderr[-2000:]
-    assert len(list((tmp_path / "npy").glob("*/*.npy"))) == 12 * 8
-    assert tables(tmp_path / "scored") == expected
-    assert (tmp_path / "compared" / "compare.json").is_file()
+    assert len(list((folder / "npy").glob("*/*.npy"))) == 12 * 8
+    assert main(["score", "--predictions", str(folder / "store"), "--out", str(folder / "here")]) == 0
+    assert tables(folder / "scored") == tables(folder / "here")
+    assert (folder / "compared" / "compare.json").is_file()
 
 
 def test_chexlocalize_export_is_their_layout_and_scores_back(half_store, tmp_path):

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import csv
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from test_cli import REPO, cli_env
 
 from xbench_pl import create_datamodule
 from xbench_pl.data.errors import DataError
@@ -180,15 +183,27 @@ def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_demo_is_deterministic_from_its_seed(demo, tmp_path):
-    again = files(write_ms_cxr_demo(tmp_path / "again", seed=0))
+def drawn_with_two_seeds(folder: Path) -> subprocess.CompletedProcess:
+    """The background job of the test below: the demo of seed 0 drawn again (``folder/again``) and that of seed 1
+    (``folder/other``), in a process of its own."""
+    draw = ("import sys\nfrom xbench_pl.data.ms_cxr import write_ms_cxr_demo\n"
+            "write_ms_cxr_demo(sys.argv[1], seed=0)\nwrite_ms_cxr_demo(sys.argv[2], seed=1)\n")
+    return subprocess.run([sys.executable, "-c", draw, str(folder / "again"), str(folder / "other")], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.background(job=drawn_with_two_seeds)
+def test_demo_is_deterministic_from_its_seed(demo, background):
+    folder, drawn = background
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    again = files(folder / "again")
     assert again == files(demo)
-    other = write_ms_cxr_demo(tmp_path / "other", seed=1)
+    other = folder / "other"
     assert set(files(other)).isdisjoint(f for f in again if f.startswith("files/"))  # other ids, subjects, studies
     assert [(r["category_name"], r["label_text"]) for r in read_rows(other)] == [
         (r["category_name"], r["label_text"]) for r in read_rows(demo)]  # the same phrases on other phantoms
     with pytest.raises(FileExistsError):
-        write_ms_cxr_demo(tmp_path / "again", seed=0)
+        write_ms_cxr_demo(folder / "again", seed=0)
 
 
 def test_demo_boxes_are_tight_around_the_drawn_lesions_on_the_side_the_phrase_says(demo):

@@ -166,9 +166,13 @@ class Phantom:
         for side in (-1, 1):
             lateral = (side * (u - 0.5) - 0.03) / 0.42  # 0 at the spine, 1 at the chest wall
             reach = _smoothstep(lateral / 0.05) * _smoothstep((1.08 - lateral) / 0.08)
+            # the ribs of this side are drawn in its columns only: reach is exactly 0 in the others (the same bytes)
+            lit = np.flatnonzero(reach.any(axis=0))
+            side_columns = slice(lit[0], lit[-1] + 1)
+            lateral, reach, side_v = lateral[:, side_columns], reach[:, side_columns], v[:, side_columns]
             for k in range(10):
                 centre = 0.13 + 0.058 * k + jitter(0.004) - 0.06 * lateral + 0.17 * lateral**2
-                ribs += np.exp(-(((v - centre) / (0.0085 + 0.0006 * k)) ** 2)) * reach
+                ribs[:, side_columns] += np.exp(-(((side_v - centre) / (0.0085 + 0.0006 * k)) ** 2)) * reach
             # clavicle: a straight band from the sternal notch out and up
             x0, y0, x1, y1 = 0.5 + side * 0.06, 0.175, 0.5 + side * 0.31, 0.11
             t = np.clip(((u - x0) * (x1 - x0) + (v - y0) * (y1 - y0)) / ((x1 - x0) ** 2 + (y1 - y0) ** 2), 0, 1)
