@@ -73,7 +73,13 @@ def real_cxr() -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def background_lane(request, tmp_path_factory):
-    """The jobs of the selected tests' ``background`` marks (``background_lane``), started with the first test."""
+    """The jobs of the selected tests' ``background`` marks (``background_lane``), started with the first test; and the
+    session's DDP pair (``test_cli.DDPPair``) where a selected test is marked ``ddp_pair``: its ranks' start-up then
+    runs beside the first tests, not in the first DDP test."""
+    if any(item.get_closest_marker("ddp_pair") for item in request.session.items):
+        from test_cli import DDP_PAIR
+
+        DDP_PAIR.start()
     jobs = dict.fromkeys(mark.kwargs["job"] for item in request.session.items for mark in item.iter_markers("background"))
     lane = BackgroundLane({job: tmp_path_factory.mktemp(job.__name__) for job in jobs})
     yield lane

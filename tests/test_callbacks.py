@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.classification import BinaryCalibrationError
 
-from test_cli import ddp_ranks, in_process
+from test_cli import ddp_ranks_started, in_process
 from xbench_pl.callbacks.heatmaps import Sample, SampleBook, sample_key
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.metrics import BenchmarkMetrics, Recognition
@@ -108,11 +108,10 @@ def runs(tmp_path_factory):
     for name in ("png", "wandb"):
         presets[name] = ["--config", str(tmp / f"{name}2.yaml")]
         (tmp / f"{name}2.yaml").write_text((REPO / "callbacks" / f"{name}.yaml").read_text().replace("per_finding: 4", "per_finding: 2"))
-    results = {
-        "plain": in_process(*common, "--out", str(tmp / "plain")),
-        "png": in_process(*common, *presets["png"], "--out", str(tmp / "png")),
-        "wandb": ddp_ranks(*common, *presets["wandb"], "--out", str(tmp / "wandb")),  # W&B's run under --out
-    }
+    wandb = ddp_ranks_started(*common, *presets["wandb"], "--out", str(tmp / "wandb"))  # W&B's run under --out
+    results = {"plain": in_process(*common, "--out", str(tmp / "plain")),
+               "png": in_process(*common, *presets["png"], "--out", str(tmp / "png")),
+               "wandb": wandb()}
     for name, result in results.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
     (tmp / "wandb_console.txt").write_text(results["wandb"].stdout + results["wandb"].stderr)
@@ -129,6 +128,7 @@ def _files(folder: Path, sub: str) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted((folder / sub).rglob("*")) if p.is_file()}
 
 
+@pytest.mark.ddp_pair  # the runs fixture's W&B run
 def test_callbacks_never_change_a_metric(runs):
     assert _metrics(runs / "plain") == _metrics(runs / "png") == _metrics(runs / "wandb")
     assert (runs / "plain" / "metrics.md").read_bytes() == (runs / "png" / "metrics.md").read_bytes()
@@ -137,6 +137,7 @@ def test_callbacks_never_change_a_metric(runs):
     assert all("ece" in row for row in report["datasets"]["demo"]["classes"].values())
 
 
+@pytest.mark.ddp_pair
 def test_png_fallback_writes_heatmaps_calibration_and_tables(runs):
     heatmaps = sorted((runs / "png" / "heatmaps" / "demo").rglob("*.png"))
     with (runs / "png" / "heatmaps" / "samples.csv").open() as f:
@@ -159,6 +160,7 @@ def test_png_fallback_writes_heatmaps_calibration_and_tables(runs):
     assert float(table[-1]["ece"]) == report["datasets"]["demo"]["mean"]["ece"]
 
 
+@pytest.mark.ddp_pair
 def test_samples_identical_on_one_and_two_ddp_processes(runs):
     one, two = _files(runs / "png", "heatmaps"), _files(runs / "wandb", "heatmaps")
     assert one.keys() == two.keys() and len(one) > 2
@@ -166,6 +168,7 @@ def test_samples_identical_on_one_and_two_ddp_processes(runs):
     assert _files(runs / "png", "calibration") == _files(runs / "wandb", "calibration")
 
 
+@pytest.mark.ddp_pair
 def test_wandb_offline_run_holds_the_media_and_table(runs):
     run_dirs = list((runs / "wandb" / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1, list((runs / "wandb").rglob("*"))[:20]

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
@@ -176,11 +177,15 @@ atexit.register(DDP_PAIR.stop)
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
     """``lightning_ddp(*args)`` on the session's two DDP ranks (``DDPPair``), ``extra`` added to their environment
     meanwhile. Exit status: the first non-zero; output: rank 0's, then rank 1's."""
-    return DDP_PAIR.run(on_two_ranks(args), timeout, extra)
+    return ddp_ranks_started(*args, timeout=timeout, **extra)()
 
 
-def on_two_ranks(args) -> list[str]:
-    return [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+def ddp_ranks_started(*args, timeout=300, **extra) -> Callable[[], subprocess.CompletedProcess]:
+    """``ddp_ranks(*args)`` handed to the pair now, to compute while this process goes on (with its one-process run,
+    say): call what it returns for the run."""
+    args = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    number = DDP_PAIR.submit(args, extra)
+    return lambda: DDP_PAIR.wait(number, args, timeout)
 
 
 def in_process(*args, **environ) -> subprocess.CompletedProcess:
@@ -229,12 +234,9 @@ def one_and_two_processes(out: Path, *args, two: subprocess.CompletedProcess | N
     without its ``provenance`` (times, world size), which is checked and dropped. The one process is this one: the 2
     DDP processes are compared with the code the other tests run in process. They are the session's ``ddp_ranks``,
     computing while this one does, or ``two``: a run made already, out in ``out/two``."""
-    if two is None:
-        pair_args = on_two_ranks([*args, "--out", str(out / "two")])
-        number = DDP_PAIR.submit(pair_args, {})
+    pair = ddp_ranks_started(*args, "--out", str(out / "two")) if two is None else lambda: two
     one = in_process(*args, "--out", str(out / "one"))
-    if two is None:
-        two = DDP_PAIR.wait(number, pair_args, timeout=300)
+    two = pair()
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = (json.loads((out / run / "metrics.json").read_text()) for run in ("one", "two"))

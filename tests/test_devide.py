@@ -16,7 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import kad_reference
 import xbench_pl
-from test_cli import ddp_ranks, in_process
+from test_cli import ddp_ranks_started, in_process
 from test_kad import TINY_BERT, released_layout, tiny_architecture, tokenizer_dir, write_json  # noqa: F401  (fixture)
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -156,6 +156,7 @@ def test_cli_devide_needs_a_local_tokenizer(tmp_path):
     assert result.returncode != 0 and "vocab.txt" in result.stderr and "Med-KEBERT" in result.stderr
 
 
+@pytest.mark.ddp_pair
 def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir, tmp_path):
     """1 process with random_init weights vs 2 DDP processes loading the same weights from a
     KAD-style checkpoint file (random_init draws from a fixed seed): identical metrics."""
@@ -164,9 +165,9 @@ def test_cli_devide_one_and_two_process_ddp_give_identical_metrics(tokenizer_dir
     torch.save(released_layout(DeViDe(architecture, random_init=True, text=tokenizer_dir)), checkpoint)
     common = ["test", "--model", "devide", "--model.architecture", architecture, "--model.text", tokenizer_dir,
               "--data", "demo", "--data.batch_size", "3", "--trainer.accelerator", "cpu"]
-    one = in_process(*common, "--model.random_init", "true", "--out", str(tmp_path / "one"))
+    pair = ddp_ranks_started(*common, "--model.checkpoint", str(checkpoint), "--out", str(tmp_path / "two"))
+    one, two = in_process(*common, "--model.random_init", "true", "--out", str(tmp_path / "one")), pair()
     assert one.returncode == 0, one.stderr[-3000:]
-    two = ddp_ranks(*common, "--model.checkpoint", str(checkpoint), "--out", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("one", "two"))
     assert a["random_weights"] is True and b["random_weights"] is False

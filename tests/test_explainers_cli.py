@@ -42,6 +42,7 @@ def assert_same_report(a: dict, b: dict, tolerance: float = 1e-12) -> None:
             assert type(x) is type(y) and x == y, (path, x, y)
 
 
+@pytest.mark.ddp_pair
 @pytest.mark.parametrize("explainer", ["gradcam", "chefer"])
 def test_one_and_two_ddp_processes_give_identical_metrics(explainer, tokenizer_dir, tmp_path):
     """DeViDe's ViT tower and query decoder: a CAM batched over findings, and relevance through both.

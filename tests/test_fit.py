@@ -349,6 +349,7 @@ def test_a_fit_checkpoint_keeps_the_trained_tensors_and_needs_its_base_weights(c
         load_fit_checkpoint(other, saved)
 
 
+@pytest.mark.ddp_pair
 def test_ddp_fit_validates_exactly_and_its_checkpoint_tests_in_one_process(clip_config, tmp_path):
     """2 CPU processes: the same split, and the validation of the last epoch (each val image once over the
     ranks) equals a 1-process test of the checkpoint on the validation images, bit for bit. One image a

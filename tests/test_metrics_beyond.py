@@ -285,6 +285,7 @@ def test_options_are_checked():
         BenchmarkMetrics(["A"], size_bounds=(0.2, 0.1))
 
 
+@pytest.mark.ddp_pair
 def test_tuned_threshold_ci_and_strata_equal_on_one_and_two_ddp_processes(tmp_path):
     """A tuning run on some demo images gives tau per finding; applied to the others, 1 vs 2 DDP processes
     give the same metrics.json (new keys, bootstrap intervals, size strata, CheXlocalize's metrics through a

@@ -83,6 +83,7 @@ def test_training_sees_the_phrases_too(tiny_clip):
 
 
 # -- MS-CXR end to end: phrases through the CLI, CNR per category, 1 vs 2 processes -------------------
+@pytest.mark.ddp_pair
 def test_ms_cxr_demo_grounds_phrases_with_cnr_per_category_and_is_ddp_exact(tmp_path):
     """CheXzero (tiny, a seeded checkpoint in the released layout) grounds each phrase of the synthetic MS-CXR: the
     table has a region per phrase and cnr per category; 2 DDP processes give the same metrics.json; querying the

@@ -214,6 +214,7 @@ def test_a_store_refuses_another_config_and_an_unasked_resume(reference, tmp_pat
     assert missing.returncode == 2 and "no such folder" in missing.stderr
 
 
+@pytest.mark.ddp_pair
 def test_two_process_ddp_resumes_a_store_and_it_rescores_to_the_same_numbers(reference, tmp_path):
     run, reference_store = reference
     store = tmp_path / "store"

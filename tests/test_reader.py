@@ -204,6 +204,7 @@ def test_reader_maps_are_exactly_the_annotation_on_the_eval_grid(tmp_path):
     assert VINDR_CLASSES[0] == "Aortic Enlargement"
 
 
+@pytest.mark.ddp_pair
 def test_leave_one_reader_out_is_ddp_exact(tmp_path):
     """Every key of the reader on split VinDr readers (lone marks included) in 1 and in 2 DDP processes."""
     from test_cli import one_and_two_processes

@@ -112,6 +112,7 @@ def test_the_state_gives_the_same_digits_however_the_pairs_are_split():
     assert whole["block"]["settings"]["pairs_measured"] == p and whole["block"]["settings"]["images_measured"] == 6
 
 
+@pytest.mark.ddp_pair
 def test_one_and_two_ddp_processes_give_identical_metrics_with_every_measure(tmp_path):
     args = ["test", "--model", "fixture_trust.TrustedLinearIntensityModel", "--model.trust",
             "randomization,deletion,insertion,random_target", "--model.trust_steps", "3", "--model.bootstrap", "50",
