@@ -41,6 +41,8 @@ CLASSES = ["Atelectasis", "Pleural Effusion", "Nodule"]
 #: ScoreCAM masks the input once per channel: on a ResNet, a 128- or 256-channel layer keeps that to seconds (KAD's
 #: tiny model scores every finding alike on layer2's masks, which would leave the findings' maps nothing to tell apart)
 SCORECAM_LAYER = {"medklip": "image.layer2.3.conv2", "mavl": "image.layer2.3.conv2", "kad": "image.layer3.5.conv2"}
+#: and a 32 px input on those ResNets (2 x 2 and 4 x 4 grids), a quarter of the pixels to mask and forward
+SCORECAM_SIZE = {"medklip": 32, "kad": 32}
 
 
 def write_json(path: Path, config: dict) -> str:
@@ -89,21 +91,25 @@ def builders(tmp_path_factory):
         "mavl": write_json(root / "mavl.json", small_medklip_family("mavl")),
     }
     mavl_knowledge = [str(knowledge["mavl_descriptions"]), str(knowledge["mavl_aspects"])]
+    for name, size in SCORECAM_SIZE.items():
+        configs[name, size] = write_json(root / f"{name}_{size}.json", tiny_kad_architecture(size=size) if name == "kad"
+                                         else small_medklip_family(name, size=size))
 
-    def build(name: str, **options) -> nn.Module:
+    def build(name: str, size: int | None = None, **options) -> nn.Module:
+        """``size``: one of ``SCORECAM_SIZE``'s inputs instead of the family's own."""
         torch.manual_seed(0)
+        config = configs.get(name) if size is None else configs[name, size]
         if name == "clip":
-            return OpenCLIPModel(configs["clip"], random_init=True, **options)
+            return OpenCLIPModel(config, random_init=True, **options)
         if name == "biomedclip":
             return OpenCLIPModel(str(biomedclip), random_init=True, text=str(biomedclip), **options)
         if name in ("kad", "devide"):
-            return (KAD if name == "kad" else DeViDe)(configs[name], random_init=True, text=med_kebert, **options)
+            return (KAD if name == "kad" else DeViDe)(config, random_init=True, text=med_kebert, **options)
         if name == "carzero":
-            return CARZero(configs["carzero"], random_init=True, text=carzero_bert, **options)
+            return CARZero(config, random_init=True, text=carzero_bert, **options)
         if name == "medklip":
-            return MedKLIP(configs["medklip"], random_init=True, knowledge=str(knowledge["medklip_descriptions"]),
-                           text=bert, **options)
-        return MAVL(configs["mavl"], random_init=True, knowledge=mavl_knowledge, text=bert, **options)
+            return MedKLIP(config, random_init=True, knowledge=str(knowledge["medklip_descriptions"]), text=bert, **options)
+        return MAVL(config, random_init=True, knowledge=mavl_knowledge, text=bert, **options)
 
     return build
 
@@ -182,7 +188,9 @@ CASES = [(family, method) for family in FAMILIES for method in CAM_METHODS if (f
 
 @pytest.mark.parametrize("family, method", CASES)
 def test_every_cam_equals_pytorch_grad_cams_own(builders, family, method):
-    model = builders(family, explainer=method, explainer_layer=SCORECAM_LAYER.get(family) if method == "scorecam" else None)
+    scorecam = method == "scorecam"
+    model = builders(family, size=SCORECAM_SIZE.get(family) if scorecam else None, explainer=method,
+                     explainer_layer=SCORECAM_LAYER.get(family) if scorecam else None)
     images = images_for(model)
     classes = CLASSES[:2] if method == "scorecam" else CLASSES  # the library masks once per channel and finding
     ours = explained_maps(model, images, classes)
