@@ -13,7 +13,7 @@ from unittest import mock
 
 import pytest
 import torch
-from test_cli import in_process
+from test_cli import REPO, in_process
 from test_open_clip_models import TINY_CLIP, write_config
 
 from xbench_pl.metrics import BenchmarkMetrics
@@ -84,10 +84,11 @@ def run_and_replay(tmp_path: Path, model: list[str], accelerator: str, precision
     """``test`` (with the callbacks' PNG preset and a float32 store) in ``precision`` on ``accelerator``, then
     ``score --predictions`` of its store on ``device``: (test's report, the replay's report, forwards' dtypes),
     each run's metric entries checked promoted."""  # forwards: test's only (the replay's are the stored maps)
-    store = tmp_path / "store"
+    store, callbacks = tmp_path / "store", tmp_path / "png.yaml"  # callbacks/png.yaml, one heatmap a finding
+    callbacks.write_text((REPO / "callbacks" / "png.yaml").read_text().replace("per_finding: 4", "per_finding: 1"))
     with recorded() as (forwards, entries):
         run = in_process("test", *model, "--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", accelerator,
-                         "--trainer.precision", precision, "--config", "callbacks/png.yaml", "--predictions", str(store),
+                         "--trainer.precision", precision, "--config", str(callbacks), "--predictions", str(store),
                          "--predictions_dtype", "float32", "--out", str(tmp_path / "test"))
         assert run.returncode == 0, run.stderr[-3000:]
         assert_promoted(entries, "cpu" if accelerator == "cpu" else "cuda")
