@@ -3,11 +3,11 @@ one after the other in a thread from the first test on, beside the tests that ru
 process spends its first 12-16 s importing, on the core the test process leaves idle; the test that asserts on it
 finds it done instead of waiting for it.
 
-A test names its job with ``@pytest.mark.background(job=job)`` and receives the job's return value from the
-``background`` fixture (conftest) with the job's folder, or the job's exception. ``job(folder)`` gets a folder of its own and starts its
-processes with ``test_cli``'s helpers, which give a job the session's environment as it was at the start: a job must
-not read or change the test process's state (environment, working folder, ``sys.stdout``), as the tests beside it
-change them. The lane starts only the jobs of the tests that were selected, in their order."""
+A test names its job with ``@pytest.mark.background(job=job)`` and receives ``(the job's folder, its return value)``
+from the ``background`` fixture (conftest), or the job's exception. ``job(folder)`` starts its processes with
+``test_cli``'s helpers, which give a job the session's environment as it was at the start: a job must not read or
+change the test process's state (environment, working folder, ``sys.stdout``), as the tests beside it change them.
+The lane starts only the jobs of the tests that were selected, in their order."""
 
 from __future__ import annotations
 
