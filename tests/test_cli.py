@@ -18,9 +18,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-from xbench_pl.commands import main
 import pytest
 
+from xbench_pl.commands import main
 from xbench_pl.data.nih_bbox import DemoData
 from xbench_pl.metrics import metric_keys
 from xbench_pl.outputs import atomic_write
@@ -40,8 +40,13 @@ def cli_env(**extra) -> dict[str, str]:
 
 def cli(*args, timeout=300, **extra):
     """``python -m xbench_pl ARGS`` in a new process, ``extra`` added to its environment."""
-    return subprocess.run([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, env=cli_env(**extra), capture_output=True,
-                          text=True, timeout=timeout)
+    return python("-m", "xbench_pl", *args, timeout=timeout, **extra)
+
+
+def python(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
+    """``python ARGS`` in a new process in the repository, with ``cli_env(**extra)``; its output captured."""
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=cli_env(**extra), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def start(args, **extra) -> subprocess.Popen:
@@ -119,9 +124,6 @@ class DDPPair:
         number, self.sent = self.sent, self.sent + 1
         atomic_write(self.inbox / f"{number}.json", json.dumps(command))
         return number
-
-    def run(self, args: list[str], timeout: float, environ: dict) -> subprocess.CompletedProcess:
-        return self.wait(self.submit(args, environ), args, timeout)
 
     def submit(self, args: list[str], environ: dict) -> int:
         """Give the ranks a run and return at once; ``wait`` for its number."""

@@ -2,7 +2,6 @@
 
 import functools
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import numpy as np
 import pydicom
 import pytest
 import torch
-from test_cli import REPO, cli_env
+from test_cli import python
 
 import xbench_pl
 from xbench_pl.data import synthetic
@@ -43,8 +42,7 @@ def files(root: Path) -> dict[str, bytes]:
 def drawn_again(folder: Path) -> subprocess.CompletedProcess:
     """The background job of the test below: the demo of seed 0 drawn again into ``folder/again`` by the generator's
     own command line, in a process of its own."""
-    return subprocess.run([sys.executable, "-m", "xbench_pl.data.synthetic", str(folder / "again"), "--seed", "0"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python("-m", "xbench_pl.data.synthetic", str(folder / "again"), "--seed", "0")
 
 
 @pytest.mark.background(job=drawn_again)

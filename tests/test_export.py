@@ -3,13 +3,12 @@
 import json
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import REPO, cli, cli_env
+from test_cli import cli, python
 from test_predictions import COMMON, MODEL, run_test, shard_of
 
 from xbench_pl.commands import main
@@ -65,7 +64,7 @@ def probed_commands(folder: Path) -> subprocess.CompletedProcess:
              "    code = main(command)\n"
              "    loaded = sorted({'lightning', 'torchmetrics', 'albumentations'} & (set(sys.modules) - before))\n"
              "    print(f'{command[0]} exit {code} loaded {loaded}', file=sys.stderr)\n")
-    return subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env())
+    return python("-c", probe)
 
 
 @pytest.mark.background(job=probed_commands)

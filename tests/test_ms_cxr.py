@@ -6,13 +6,12 @@ from __future__ import annotations
 import csv
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from test_cli import REPO, cli_env
+from test_cli import python
 
 from xbench_pl import create_datamodule
 from xbench_pl.data.errors import DataError
@@ -188,8 +187,7 @@ def drawn_with_two_seeds(folder: Path) -> subprocess.CompletedProcess:
     (``folder/other``), in a process of its own."""
     draw = ("import sys\nfrom xbench_pl.data.ms_cxr import write_ms_cxr_demo\n"
             "write_ms_cxr_demo(sys.argv[1], seed=0)\nwrite_ms_cxr_demo(sys.argv[2], seed=1)\n")
-    return subprocess.run([sys.executable, "-c", draw, str(folder / "again"), str(folder / "other")], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python("-c", draw, str(folder / "again"), str(folder / "other"))
 
 
 @pytest.mark.background(job=drawn_with_two_seeds)
