@@ -35,8 +35,7 @@ def images_per_update(chunk: int, classes: int, height: int, width: int) -> int:
     return max(1, min(chunk, UPDATE_PIXELS // (classes * height * width)))
 
 
-def replay(judge: Judge, dataset, shard: dict, skip: set | None = None, device: torch.device | str = "cpu",
-           chunk: int = 64) -> list[str]:
+def replay(judge: Judge, dataset, shard: dict, skip: set | None = None, chunk: int = 64) -> list[str]:
     """Feed a shard's images that ``dataset`` evaluates (minus ``skip``) into ``judge.benchmark``
     (``Judge.update_metrics``, as ``ZeroShotModel.test_step``): a ``Batch`` is rebuilt from the stored affine, original
     size and input size and the dataset's labels and regions (``XBenchDataset.targets``: no image
@@ -50,6 +49,7 @@ def replay(judge: Judge, dataset, shard: dict, skip: set | None = None, device: 
         raise StoreError(f"{shard.get('path', 'a shard')}: classes {list(shard['classes'])} differ from the dataset's "
                          f"{list(dataset.classes)}")
     position = {record.image_id: i for i, record in enumerate(dataset.records)}
+    device = judge.device  # where its metrics live
     judge.region_datasets[dataset.name] = dataset  # full-resolution regions, for cxl mode
     skip = skip or set()
     rows = [row for row, image_id in enumerate(shard["image_ids"]) if image_id in position and image_id not in skip]
@@ -112,7 +112,7 @@ def replay_store(store: Store, datamodule: XBenchData, metrics: dict, chunk: int
         progress = ProgressLines(f"{child.name} from {store.root}", len(dataset), "images", after=QUIET_SECONDS)
         for shard in good:
             if shard["dataset"] == child.name:
-                fed = replay(replayer, dataset, shard, skip=seen, device=device, chunk=chunk)
+                fed = replay(replayer, dataset, shard, skip=seen, chunk=chunk)
                 seen.update(fed)
                 progress.step(len(fed))
         missing = [r.image_id for r in dataset.records if r.image_id not in seen]

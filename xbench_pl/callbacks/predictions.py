@@ -156,7 +156,7 @@ class PredictionWriter(Callback):
         # the stored answers into the model's own metrics, judged by the model itself (a ZeroShotModel is a Judge)
         while self.pending:
             shard = self.pending.pop(0)
-            replay(pl_module, children[shard["dataset"]].test_set, shard, device=pl_module.device)
+            replay(pl_module, children[shard["dataset"]].test_set, shard)
 
     # -- writing -------------------------------------------------------------------------------
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -34,10 +34,8 @@ class XBenchDataModule(XBenchData, L.LightningDataModule):
 
 
 def datamodule_class(data_class: type[XBenchData]) -> type[XBenchDataModule]:
-    """``data_class``'s ``LightningDataModule``: itself if it is one, else ``data_class`` and its base class's
-    datamodule, named ``data_class``'s name + ``Module`` in its module (built once, then found there)."""
-    if issubclass(data_class, L.LightningDataModule):
-        return data_class
+    """``data_class``'s ``LightningDataModule``: ``data_class`` and its base class's datamodule, named ``data_class``'s
+    name + ``Module`` in its module (built once, then found there)."""
     if data_class is XBenchData:
         return XBenchDataModule
     module, name = sys.modules[data_class.__module__], data_class.__name__ + "Module"
