@@ -24,27 +24,51 @@ def tracked_files() -> set[str] | None:
 TRACKED = tracked_files()
 
 
-def tree_entries() -> set[str]:
-    """The files of the working tree that git does not track (untracked or ignored), bytecode, pytest's cache
-    and virtual environments aside; empty outside a git checkout. A walk, not ``git status --ignored``, which
-    would list every file of a ``.venv`` in the clone, twice a test."""
-    if TRACKED is None:
-        return set()
-    entries = set()
-    for folder, subfolders, files in os.walk(REPO):
-        subfolders[:] = [name for name in subfolders if name not in (".git", "__pycache__", ".pytest_cache")
-                         and not os.path.isfile(os.path.join(folder, name, "pyvenv.cfg"))]
-        relative = os.path.relpath(folder, REPO)
-        entries.update(name if relative == "." else f"{relative}/{name}" for name in files)
-    return entries - TRACKED
+class TreeGuard:
+    """The files of the working tree that git does not track (untracked or ignored), bytecode, pytest's cache and
+    virtual environments aside; empty outside a git checkout. A walk, not ``git status --ignored``, which would list
+    every file of a ``.venv`` in the clone. Walked again only when a folder's mtime moved (adding or removing a file
+    moves its folder's): between tests that write nothing it costs a stat per folder, not a walk."""
+
+    def __init__(self):
+        self.times: dict[str, int] = {}  # each folder walked: its mtime, taken before it was listed
+        self.listed: set[str] = set()
+
+    def entries(self) -> set[str]:
+        if TRACKED is None:
+            return set()
+        if not self.times or self.moved():
+            self.times, self.listed = {}, set()
+            self.walk(str(REPO))
+            self.listed -= TRACKED
+        return self.listed
+
+    def moved(self) -> bool:
+        try:
+            return any(os.stat(folder).st_mtime_ns != time for folder, time in self.times.items())
+        except FileNotFoundError:
+            return True
+
+    def walk(self, folder: str) -> None:
+        self.times[folder] = os.stat(folder).st_mtime_ns
+        prefix = folder[len(str(REPO)) + 1:] + "/" if folder != str(REPO) else ""
+        for entry in os.scandir(folder):
+            if not entry.is_dir(follow_symlinks=False):
+                self.listed.add(prefix + entry.name)
+            elif entry.name not in (".git", "__pycache__", ".pytest_cache") and not os.path.isfile(
+                    os.path.join(entry.path, "pyvenv.cfg")):
+                self.walk(entry.path)
+
+
+TREE = TreeGuard()
 
 
 @pytest.fixture(autouse=True)
 def writes_nothing_into_the_tree():
     """Tests write under tmp_path only: a file a test leaves in the working tree fails it."""
-    before = tree_entries()
+    before = set(TREE.entries())
     yield
-    if new := sorted(tree_entries() - before):
+    if new := sorted(TREE.entries() - before):
         pytest.fail(f"the test wrote into the working tree: {new[:5]} (write under tmp_path)", pytrace=False)
 
 
@@ -74,7 +98,7 @@ def real_cxr() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def background_lane(request, tmp_path_factory):
     """The jobs of the selected tests' ``background`` marks (``background_lane``), started with the first test; and the
-    session's DDP pair (``test_cli.DDPPair``) where a selected test is marked ``ddp_pair``: its ranks' start-up then
+    session's DDP pair (``test_cli.WarmRanks``) where a selected test is marked ``ddp_pair``: its ranks' start-up then
     runs beside the first tests, not in the first DDP test."""
     if any(item.get_closest_marker("ddp_pair") for item in request.session.items):
         from test_cli import DDP_PAIR
@@ -95,7 +119,11 @@ def background(request, background_lane):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` tests need a CUDA GPU: skipped without one, so the suite needs none."""
+    """The modules with a background job run last, in their order (the lane then has the session's first minutes for
+    its jobs, and a module's fixtures are still made once). ``@pytest.mark.cuda`` tests need a CUDA GPU: skipped
+    without one, so the suite needs none."""
+    waiting = {item.path for item in items if item.get_closest_marker("background")}
+    items.sort(key=lambda item: item.path in waiting)  # stable: the order within each part is kept
     import torch
 
     if torch.cuda.is_available():

@@ -100,25 +100,28 @@ def lightning_ddp(*args, **extra) -> subprocess.CompletedProcess:
     return cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", **extra)
 
 
-class DDPPair:
-    """Two DDP ranks (``tests/ddp_worker.py``) kept for the session, started at once as torchrun starts them: each has
-    the variables Lightning's launcher gives a rank (``LOCAL_RANK`` and the ``MASTER_ADDR``/``MASTER_PORT``/
-    ``NODE_RANK``/``WORLD_SIZE`` rank 0 also reads). Each run is a command line both ranks run by ``main``; the start-up
-    (seconds of imports) and the process group are paid once. Started on first use, and afresh after a run that
-    failed or ran out of time: its ranks are killed, as a rank whose peer failed may wait in a collective for ever."""
+class WarmRanks:
+    """``world`` processes of ``tests/warm_worker.py`` kept for the session, each running the command lines handed to it
+    by ``main``, as ``in_process`` does: the start-up (seconds of imports) is paid once, not once a run. Two of them are
+    the DDP pair (``DDP_PAIR``), started at once as torchrun starts them: each has the variables Lightning's launcher
+    gives a rank (``LOCAL_RANK`` and the ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK``/``WORLD_SIZE`` rank 0 also
+    reads), and the process group is paid once too. One (``WARM_PROCESS``) has no DDP variables: the background lane's
+    single-process runs. Started on first use, and afresh after a run that failed or ran out of time: its ranks are
+    killed, as a rank whose peer failed may wait in a collective for ever."""
 
-    def __init__(self):
+    def __init__(self, world: int):
+        self.world = world
         self.ranks: list[subprocess.Popen] = []
         self.inbox, self.sent = Path(), 0
 
     def start(self) -> None:
-        self.inbox, self.sent = Path(tempfile.mkdtemp(prefix="xbench-ddp-pair-")), 0
-        environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": "2"}
-        for rank in (0, 1):
+        self.inbox, self.sent = Path(tempfile.mkdtemp(prefix=f"xbench-warm{self.world}-")), 0
+        ddp = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": str(self.world)}
+        for rank in range(self.world):
             with open(self.inbox / f"rank{rank}.log", "w") as log:
-                self.ranks.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "ddp_worker.py"), str(self.inbox)],
-                                                   cwd=REPO, env=cli_env(**environment, LOCAL_RANK=str(rank)),
-                                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log))
+                environment = cli_env(**ddp, LOCAL_RANK=str(rank)) if self.world > 1 else cli_env()
+                self.ranks.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "warm_worker.py"), str(self.inbox)],
+                                                   cwd=REPO, env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log))
 
     def send(self, command) -> int:
         number, self.sent = self.sent, self.sent + 1
@@ -132,7 +135,7 @@ class DDPPair:
         return self.send({"args": args, "environ": environ})
 
     def wait(self, number: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
-        answers = [self.inbox / f"{number}.rank{rank}.json" for rank in (0, 1)]
+        answers = [self.inbox / f"{number}.rank{rank}.json" for rank in range(self.world)]
         deadline, problem = time.monotonic() + timeout, ""
         while not all(answer.exists() for answer in answers):
             if any(answer.exists() and json.loads(answer.read_text())["returncode"] for answer in answers):
@@ -172,12 +175,20 @@ def read_tail(path: Path, characters=3000) -> str:
     return path.read_text()[-characters:] if path.exists() else ""
 
 
-DDP_PAIR = DDPPair()
+DDP_PAIR, WARM_PROCESS = WarmRanks(2), WarmRanks(1)
 atexit.register(DDP_PAIR.stop)
+atexit.register(WARM_PROCESS.stop)
+
+
+def warm_process(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
+    """``in_process(*args)`` in the session's warm process (``WARM_PROCESS``), ``extra`` added to its environment: what
+    a background job runs, on the core the test process leaves idle, without a start-up of its own."""
+    number = WARM_PROCESS.submit(list(args), extra)
+    return WARM_PROCESS.wait(number, list(args), timeout)
 
 
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
-    """``lightning_ddp(*args)`` on the session's two DDP ranks (``DDPPair``), ``extra`` added to their environment
+    """``lightning_ddp(*args)`` on the session's two DDP ranks (``WarmRanks``), ``extra`` added to their environment
     meanwhile. Exit status: the first non-zero; output: rank 0's, then rank 1's."""
     return ddp_ranks_started(*args, timeout=timeout, **extra)()
 

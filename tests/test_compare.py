@@ -4,12 +4,13 @@ two prediction stores of the demo."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from test_bootstrap_units import expanded, feed_keyed, patient_inputs
-from test_cli import in_process
+from test_cli import in_process, warm_process
 
 from xbench_pl.commands.compare import bootstrap_p_value, paired_bootstrap
 from xbench_pl.metrics import BenchmarkMetrics
@@ -83,41 +84,51 @@ def test_runs_on_other_images_are_refused():
         paired_bootstrap(*metrics, resamples=5)
 
 
-def test_compare_command_on_two_stores(tmp_path):
-    common = ["--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--model.bootstrap", "0"]
-    for name, model in (("a", "fixture_models.IntensityModel"), ("b", "center")):
-        run = in_process("test", "--model", model, *common, "--out", str(tmp_path / f"run_{name}"),
-                         "--predictions", str(tmp_path / f"store_{name}"), "--predictions_dtype", "float32")
+COMMON = ["--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--model.bootstrap", "0"]
+
+
+def two_stored_runs(folder: Path) -> list:
+    """The background job of the test below, in the warm process: runs of two models (``folder/run_a``, ``run_b``)
+    with float32 prediction stores (``folder/store_a``, ``store_b``)."""
+    return [warm_process("test", "--model", model, *COMMON, "--out", str(folder / f"run_{name}"),
+                         "--predictions", str(folder / f"store_{name}"), "--predictions_dtype", "float32")
+            for name, model in (("a", "fixture_models.IntensityModel"), ("b", "center"))]
+
+
+@pytest.mark.background(job=two_stored_runs)
+def test_compare_command_on_two_stores(background):
+    folder, runs = background
+    for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
-    result = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
-                        "--out", str(tmp_path / "cmp"))
+    result = in_process("compare", "--predictions", str(folder / "store_a"), str(folder / "store_b"), "--bootstrap", "200",
+                        "--out", str(folder / "cmp"))
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    report = json.loads((folder / "cmp" / "compare.json").read_text())
     demo = report["datasets"]["demo"]
     assert demo["unit"] == "patient" and report["resamples"] == 200
-    ran = [json.loads((tmp_path / f"run_{n}" / "metrics.json").read_text())["datasets"]["demo"]["mean"] for n in "ab"]
+    ran = [json.loads((folder / f"run_{n}" / "metrics.json").read_text())["datasets"]["demo"]["mean"] for n in "ab"]
     for key in ("pointing_game", "dice_best", "auroc", "dice_lift"):
         row = demo["mean"][key]
         assert (row["a"], row["b"]) == (ran[0][key], ran[1][key])
         if row["diff"] is not None:
             assert row["diff"] == pytest.approx(ran[0][key] - ran[1][key]) and 0 < row["p"] <= 1
-    assert "| pointing_game |" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| pointing_game |" in (folder / "cmp" / "compare.md").read_text()
     # a store written before the judging had a class of its own records fit's options among its metric settings too
-    manifest_path = tmp_path / "store_b" / "manifest.json"
+    manifest_path = folder / "store_b" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["metrics"].update(trainable=None, lr=1e-4, weight_decay=0.01)
     manifest_path.write_text(json.dumps(manifest))
-    again = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "store_b"), "--bootstrap", "200",
-                       "--out", str(tmp_path / "cmp_old"))
+    again = in_process("compare", "--predictions", str(folder / "store_a"), str(folder / "store_b"), "--bootstrap", "200",
+                       "--out", str(folder / "cmp_old"))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((tmp_path / "cmp_old" / "compare.json").read_text())["datasets"] == report["datasets"]
-    scored = in_process("score", "--predictions", str(tmp_path / "store_b"), "--out", str(tmp_path / "scored_b"))
+    assert json.loads((folder / "cmp_old" / "compare.json").read_text())["datasets"] == report["datasets"]
+    scored = in_process("score", "--predictions", str(folder / "store_b"), "--out", str(folder / "scored_b"))
     assert scored.returncode == 0, scored.stderr[-3000:]
-    assert json.loads((tmp_path / "scored_b" / "metrics.json").read_text())["datasets"]["demo"]["mean"] == ran[1]
-    resumed = in_process("test", "--model", "center", *common, "--out", str(tmp_path / "resumed_b"), "--predictions",
-                         str(tmp_path / "store_b"), "--predictions_dtype", "float32", "--resume", "true")
+    assert json.loads((folder / "scored_b" / "metrics.json").read_text())["datasets"]["demo"]["mean"] == ran[1]
+    resumed = in_process("test", "--model", "center", *COMMON, "--out", str(folder / "resumed_b"), "--predictions",
+                         str(folder / "store_b"), "--predictions_dtype", "float32", "--resume", "true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    missing = in_process("compare", "--predictions", str(tmp_path / "store_a"), str(tmp_path / "nothing"))
+    missing = in_process("compare", "--predictions", str(folder / "store_a"), str(folder / "nothing"))
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0 and "no prediction store" in missing.stderr
-    alone = in_process("compare", "--predictions", str(tmp_path / "store_a"))
+    alone = in_process("compare", "--predictions", str(folder / "store_a"))
     assert alone.returncode == 2 and "--predictions A B" in alone.stderr

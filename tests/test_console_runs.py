@@ -7,10 +7,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_cli import REPO, cli, in_process
+from test_cli import REPO, cli, in_process, warm_process
 from test_console import full_row
 
 from xbench_pl.callbacks.progress import ValidationSummary
@@ -141,17 +142,27 @@ def test_ms_cxr_runs_show_cnr_by_default_and_the_explainer_is_named(tmp_path, ca
     assert max(map(len, out.splitlines())) <= 100
 
 
-def test_a_grouped_run_prints_its_groups_and_resume_says_what_came_from_the_store(tmp_path):
-    store = tmp_path / "store"
-    first = in_process("test", *CENTER, "--model.groups", "sex,view", "--model.bootstrap", "20", "--out", str(tmp_path / "a"),
-                       "--predictions", str(store), "--predictions_shard_images", "4", COLUMNS="80")
+def grouped_then_resumed(folder: Path):
+    """The background job of the test below, in the warm process: a grouped run storing its predictions
+    (``folder/store``), then the run resumed after one shard (4 images) was lost."""
+    store = folder / "store"
+    first = warm_process("test", *CENTER, "--model.groups", "sex,view", "--model.bootstrap", "20", "--out", str(folder / "a"),
+                         "--predictions", str(store), "--predictions_shard_images", "4", COLUMNS="80")
+    if first.returncode == 0:
+        sorted(store.rglob("*.safetensors"))[0].unlink()
+    resumed = warm_process("test", *CENTER, "--model.groups", "sex,view", "--model.bootstrap", "20", "--out", str(folder / "b"),
+                           "--predictions", str(store), "--resume", "true")
+    return first, resumed
+
+
+@pytest.mark.background(job=grouped_then_resumed)
+def test_a_grouped_run_prints_its_groups_and_resume_says_what_came_from_the_store(background):
+    folder, (first, resumed) = background
+    store = folder / "store"
     assert first.returncode == 0, first.stderr[-3000:]
     assert "maps: native" in first.stdout and "demo by sex (F: 6, M: 6, unknown: 0 images):" in first.stdout
     assert "gap between the sex values" in first.stdout and "--resume" not in first.stderr
     ours = first.stdout.splitlines() + [line for line in first.stderr.splitlines() if not line.startswith("    ")]  # not a
     assert max(map(len, ours)) <= 80  # library's multi-line warning text as in_process shows it
-    sorted(store.rglob("*.safetensors"))[0].unlink()  # one shard (4 images) lost
-    resumed = in_process("test", *CENTER, "--model.groups", "sex,view", "--model.bootstrap", "20", "--out", str(tmp_path / "b"),
-                         "--predictions", str(store), "--resume", "true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"--resume: 8 of 12 images from the prediction store {store}, 4 to compute" in " ".join(resumed.stderr.split())

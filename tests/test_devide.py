@@ -1,7 +1,7 @@
 """DeViDe: the inferred architecture (ViT-B/16 in the vit-base-patch16-224-in21k layout + KAD's text
 encoder and decoder), its checkpoint layout, and end-to-end runs of ``--model devide`` through the
-CLI with random weights (1 process at full size, in this process; 1 vs 2 DDP processes on a tiny
-architecture, in subprocesses: never DDP inside pytest).
+CLI with random weights (1 process at full size, in the background lane's warm process; 1 vs 2 DDP processes on a
+tiny architecture, on the session's DDP pair: never DDP inside pytest).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import kad_reference
 import xbench_pl
-from test_cli import ddp_ranks_started, in_process
+from test_cli import ddp_ranks_started, in_process, warm_process
 from test_kad import TINY_BERT, released_layout, tiny_architecture, tokenizer_dir, write_json  # noqa: F401  (fixture)
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.geometry import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -131,14 +131,21 @@ def test_tiny_devide_checkpoint_round_trip_and_errors(tiny_config, tokenizer_dir
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
-def test_cli_devide_random_init_end_to_end(tokenizer_dir, tmp_path):
-    """The registered full-size model, random weights, on 4 of the demo images (full-size forwards are slow)."""
+def devide_on_four_images(folder: Path):
+    """The background job of the test below: the registered full-size model, random weights, on 4 of the demo images
+    (full-size forwards are slow), in the warm process; its output in ``folder/out``."""
     ids = sorted(r.image_id for r in DemoDataModule().load_records())[:4]
-    (tmp_path / "split.csv").write_text("image_id\n" + "\n".join(ids) + "\n")
-    result = in_process("test", "--model", "devide", "--model.random_init", "true", "--model.text", tokenizer_dir,
-                        "--data", "demo", "--data.split_file", str(tmp_path / "split.csv"), "--out", str(tmp_path))
+    (folder / "split.csv").write_text("image_id\n" + "\n".join(ids) + "\n")
+    return warm_process("test", "--model", "devide", "--model.random_init", "true",
+                        "--model.text", str(kad_reference.write_tokenizer(folder / "med_kebert")), "--data", "demo",
+                        "--data.split_file", str(folder / "split.csv"), "--out", str(folder / "out"))
+
+
+@pytest.mark.background(job=devide_on_four_images)
+def test_cli_devide_random_init_end_to_end(background):
+    folder, result = background
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "metrics.json").read_text())
+    report = json.loads((folder / "out" / "metrics.json").read_text())
     assert report["model"] == "devide" and report["random_weights"] is True
     init = report["config"]["model"]["init_args"]
     assert report["config"]["model"]["class_path"] == "xbench_pl.models.devide.DeViDe"

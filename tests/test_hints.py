@@ -23,7 +23,8 @@ class TinyResNetModel(ZeroShotModel):
 
     def __init__(self, decoder: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.image = ResNetPatches(stage=3)
+        with torch.device("meta"):  # what an explainer takes follows the modules, not their weights: none are made
+            self.image = ResNetPatches(stage=3)
         if decoder:
             self.decoder = QueryDecoder(d_model=16, heads=2, layers=1, ffn=32)
         self.attach_explainer()

@@ -13,7 +13,7 @@ import pytest
 import radzero_reference
 import torch
 from safetensors.torch import save_file
-from test_cli import in_process, run_sweep_in_process
+from test_cli import run_sweep_in_process, warm_process
 
 import xbench_pl
 from xbench_pl.data.ms_cxr import ensure_ms_cxr_demo
@@ -52,21 +52,34 @@ COMMON = ["--data", "ms_cxr_demo", "--data.batch_size", "4", "--trainer.accelera
           "--trainer.enable_progress_bar", "false"]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_fit_and_the_prediction_store_on_phrases(name, tmp_path):
-    model = MODELS[name](tmp_path)
-    fitted = in_process("fit", *model, *COMMON, "--model.bootstrap", "0", "--data.val_fraction", "0.3",
-                        "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false", "--out", str(tmp_path / "fit"))
-    assert fitted.returncode == 0, fitted.stderr[-3000:]
-    record = json.loads((tmp_path / "fit" / "fit.json").read_text())
-    assert record["trained_parameters"] and [e["epoch"] for e in record["validation"]] == [0]
+def fit_test_and_score(folder: Path) -> dict:
+    """The background job of the test below, in the warm process: for each model (``folder/NAME``), ``fit``, then
+    ``test`` with a float32 prediction store, then ``score`` of the store."""
+    runs = {}
+    for name, write_args in MODELS.items():
+        root = folder / name
+        root.mkdir()
+        model = write_args(root)
+        runs[name] = (
+            warm_process("fit", *model, *COMMON, "--model.bootstrap", "0", "--data.val_fraction", "0.3",
+                         "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false", "--out", str(root / "fit")),
+            warm_process("test", *model, *COMMON, "--model.bootstrap", "20", "--predictions", str(root / "store"),
+                         "--predictions_dtype", "float32", "--out", str(root / "run")),
+            warm_process("score", "--predictions", str(root / "store"), "--out", str(root / "score")))
+    return runs
 
-    ran = in_process("test", *model, *COMMON, "--model.bootstrap", "20", "--predictions", str(tmp_path / "store"),
-                     "--predictions_dtype", "float32", "--out", str(tmp_path / "run"))
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.background(job=fit_test_and_score)
+def test_fit_and_the_prediction_store_on_phrases(name, background):
+    folder, runs = background
+    (fitted, ran, scored), root = runs[name], folder / name
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
+    record = json.loads((root / "fit" / "fit.json").read_text())
+    assert record["trained_parameters"] and [e["epoch"] for e in record["validation"]] == [0]
     assert ran.returncode == 0, ran.stderr[-3000:]
-    scored = in_process("score", "--predictions", str(tmp_path / "store"), "--out", str(tmp_path / "score"))
     assert scored.returncode == 0, scored.stderr[-3000:]
-    run, score = (json.loads((tmp_path / d / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for d in ("run", "score"))
+    run, score = (json.loads((root / d / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for d in ("run", "score"))
     assert score["classes"] == run["classes"] and score["mean"] == run["mean"]
     assert run["mean"]["n_regions"] == 13 and run["mean"]["cnr"] is not None
 

@@ -136,15 +136,16 @@ def test_results_that_cannot_be_written_go_to_a_fallback_folder(tmp_path, capsys
 
 
 def test_the_guard_sees_a_file_written_into_the_tree():
-    from conftest import tree_entries
+    from conftest import TREE
 
+    TREE.entries()  # listed: the guard now walks again only where a folder's mtime moved
     folder = REPO / "results"
     made = not folder.exists()
     probe = folder / "guard-probe.txt"
     probe.parent.mkdir(exist_ok=True)
     try:
         probe.write_text("x")
-        assert "results/guard-probe.txt" in tree_entries()  # writes_nothing_into_the_tree would fail a test leaving it
+        assert "results/guard-probe.txt" in TREE.entries()  # writes_nothing_into_the_tree would fail a test leaving it
     finally:
         probe.unlink()
         if made:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from test_cli import in_process, one_and_two_processes
+from test_cli import in_process, one_and_two_processes, warm_process
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.models.base import ZeroShotModel
@@ -133,20 +134,31 @@ def test_one_and_two_ddp_processes_give_identical_metrics_with_every_measure(tmp
     assert isinstance(trust["passes_randomization"], bool)
 
 
-def test_an_input_only_map_fails_randomization_and_a_gradient_map_passes(tmp_path):
+def edges_and_gradcam_runs(folder: Path) -> dict:
+    """The background job of the test below, in the warm process: the two runs (``folder/edges``, ``folder/gradcam``)
+    and the report of both (``folder/report``)."""
+    architecture = write_config(folder / "tiny_clip.json", TINY_CLIP)
+    common = ["--model.architecture", architecture, "--model.random_init", "true", "--model.trust", "randomization",
+              "--model.bootstrap", "0", "--data", "demo", "--data.split_file", demo_split(folder, 6),
+              "--data.eval_size", "48", *CPU]
+    results = {name: warm_process("test", *model, *common, "--out", str(folder / name))
+               for name, model in (("edges", ["--model", "fixture_trust.EdgeExplainedCLIP"]),
+                                   ("gradcam", ["--model", "clip", "--model.explainer", "gradcam"]))}
+    results["report"] = warm_process("report", str(folder / "edges"), str(folder / "gradcam"), "--out", str(folder / "report"))
+    return results
+
+
+@pytest.mark.background(job=edges_and_gradcam_runs)
+def test_an_input_only_map_fails_randomization_and_a_gradient_map_passes(background):
     """Through the CLI on a tiny random CLIP: the edges of the image (an explainer that reads the input alone) stay as
     they are when the weights are randomized (SSIM 1, above the baseline of random image pairs); Grad-CAM's maps follow
     the weights and fall below it."""
-    architecture = write_config(tmp_path / "tiny_clip.json", TINY_CLIP)
-    common = ["--model.architecture", architecture, "--model.random_init", "true", "--model.trust", "randomization",
-              "--model.bootstrap", "0", "--data", "demo", "--data.split_file", demo_split(tmp_path, 6),
-              "--data.eval_size", "48", *CPU]
+    folder, results = background
     runs = {}
-    for name, model in (("edges", ["--model", "fixture_trust.EdgeExplainedCLIP"]),
-                        ("gradcam", ["--model", "clip", "--model.explainer", "gradcam"])):
-        result = in_process("test", *model, *common, "--out", str(tmp_path / name))
+    for name in ("edges", "gradcam"):
+        result = results[name]
         assert result.returncode == 0, result.stderr[-3000:]
-        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())["datasets"]["demo"]
+        runs[name] = json.loads((folder / name / "metrics.json").read_text())["datasets"]["demo"]
         assert ("passes" if name == "gradcam" else "FAILS") in result.stderr + result.stdout
     edges, gradcam = runs["edges"], runs["gradcam"]
     assert all(s["ssim"] == pytest.approx(1.0) and s["spearman"] == pytest.approx(1.0) for s in edges["trust"]["stages"])
@@ -155,8 +167,8 @@ def test_an_input_only_map_fails_randomization_and_a_gradient_map_passes(tmp_pat
     assert gradcam["mean"]["randomization_ssim"] < gradcam["mean"]["randomization_baseline"]
     assert not math.isclose(gradcam["mean"]["randomization_ssim"], 1.0)
     # the report's "Is the map the model's?" section reads these real runs: the edges fail, Grad-CAM passes
-    assert in_process("report", str(tmp_path / "edges"), str(tmp_path / "gradcam"), "--out", str(tmp_path / "report")).returncode == 0
-    section = (tmp_path / "report" / "report.md").read_text().split("Is the map the model's?")[1].split("\n## ")[0]
+    assert results["report"].returncode == 0, results["report"].stderr[-3000:]
+    section = (folder / "report" / "report.md").read_text().split("Is the map the model's?")[1].split("\n## ")[0]
     rows = {line.split(" | ")[0]: line.split(" | ") for line in section.splitlines()
             if line.startswith(("| fixture_trust.EdgeExplainedCLIP |", "| clip [gradcam] |"))}
     assert rows["| fixture_trust.EdgeExplainedCLIP"][4] == "FAIL ⚠" and rows["| clip [gradcam]"][4] == "pass"

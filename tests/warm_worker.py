@@ -1,10 +1,12 @@
-"""One rank of the DDP pair the tests keep (``test_cli.DDPPair``): it starts once, joins the process group with the
-first run, and then runs each command line the tests put in its inbox by ``main`` in this process, as ``in_process``
-runs them in the test process. The process group and the start-up are paid once a session, not once a run.
+"""One rank of the warm processes the tests keep (``test_cli.WarmRanks``): the DDP pair's ranks, or the background lane's
+one process. It starts once (a pair's rank joins the process group with the first run) and then runs each command line
+the tests put in its inbox by ``main`` in this process, as ``in_process`` runs them in the test process. The start-up
+(and a pair's process group) is paid once a session, not once a run.
 
 Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``, or ``null`` to stop) for
-N = 0, 1, ...; rank R answers ``N.rank<R>.json`` (``{"returncode", "stdout", "stderr"}``), each file written whole
-(``outputs.atomic_write``). A rank stops when its parent (the test session) is gone."""
+N = 0, 1, ...; rank R (``LOCAL_RANK``, 0 for a process outside DDP) answers ``N.rank<R>.json`` (``{"returncode",
+"stdout", "stderr"}``), each file written whole (``outputs.atomic_write``). A rank stops when its parent (the test
+session) is gone."""
 
 import json
 import os
@@ -19,7 +21,7 @@ from xbench_pl.outputs import atomic_write
 
 
 def main(inbox: Path) -> None:
-    rank, parent = os.environ["LOCAL_RANK"], os.getppid()
+    rank, parent = os.environ.get("LOCAL_RANK", "0"), os.getppid()
     for number in range(sys.maxsize):
         request = inbox / f"{number}.json"
         while not request.exists():
