@@ -7,16 +7,23 @@ A test names its job with ``@pytest.mark.background(job=job)`` and receives ``(t
 from the ``background`` fixture (conftest), or the job's exception. ``job(folder)`` starts its processes with
 ``test_cli``'s helpers, which give a job the session's environment as it was at the start: a job must not read or
 change the test process's state (environment, working folder, ``sys.stdout``), as the tests beside it change them.
-The lane starts only the jobs of the tests that were selected, in their order."""
+The lane starts only the jobs of the tests that were selected, in their order.
+
+The lane runs at a lower priority (nice ``NICENESS``; on Linux niceness is a thread's, and the processes it starts
+inherit it): the lane takes the cycles the test process leaves, and the test process's tensor threads are not slowed
+by a job that runs beside them."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 Job = Callable[[Path], Any]
+NICENESS = 10
 
 
 class BackgroundLane:
@@ -29,6 +36,8 @@ class BackgroundLane:
         self.thread.start()
 
     def work(self) -> None:
+        if sys.platform == "linux":  # elsewhere os.nice would lower the whole test process
+            os.nice(NICENESS)
         try:
             for job, folder in self.folders.items():
                 if self.stopping.is_set():

@@ -1,10 +1,13 @@
 """The suite's background lane (``background_lane``) runs its jobs in order beside the test process, hands each
 test its job's value or exception, and gives a job's processes the session's environment, not a test's."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
-from background_lane import BackgroundLane
+from background_lane import NICENESS, BackgroundLane
 from test_cli import cli_env
 
 
@@ -35,3 +38,15 @@ def test_a_job_gets_the_sessions_environment_not_what_a_test_set_meanwhile(monke
     job.join()
     assert "XBENCH_TEST_SET_BY_A_TEST" not in seen and seen["EXTRA"] == "2" and seen["HF_HUB_OFFLINE"] == "1"
     assert cli_env()["XBENCH_TEST_SET_BY_A_TEST"] == "1"  # a test's own command sees what the test set
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread has a niceness of its own on Linux only")
+def test_a_jobs_processes_yield_the_cores_to_the_test_process(tmp_path):
+    def niceness(folder):
+        return int(subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True).stdout)
+
+    ours = os.nice(0)
+    lane = BackgroundLane({niceness: tmp_path})
+    assert lane.result(niceness) == min(ours + NICENESS, 19)
+    lane.stop()
+    assert os.nice(0) == ours  # the test process keeps its priority
