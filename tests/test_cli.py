@@ -128,11 +128,11 @@ class WarmRanks:
         atomic_write(self.inbox / f"{number}.json", json.dumps(command))
         return number
 
-    def submit(self, args: list[str], environ: dict) -> int:
-        """Give the ranks a run and return at once; ``wait`` for its number."""
+    def submit(self, command: dict) -> int:
+        """Give the ranks a command (``tests/warm_worker.py``) and return at once; ``wait`` for its number."""
         if not self.ranks:
             self.start()
-        return self.send({"args": args, "environ": environ})
+        return self.send(command)
 
     def wait(self, number: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
         answers = [self.inbox / f"{number}.rank{rank}.json" for rank in range(self.world)]
@@ -183,8 +183,16 @@ atexit.register(WARM_PROCESS.stop)
 def warm_process(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
     """``in_process(*args)`` in the session's warm process (``WARM_PROCESS``), ``extra`` added to its environment: what
     a background job runs, on the core the test process leaves idle, without a start-up of its own."""
-    number = WARM_PROCESS.submit(list(args), extra)
+    number = WARM_PROCESS.submit({"args": list(args), "environ": extra})
     return WARM_PROCESS.wait(number, list(args), timeout)
+
+
+def warm_call(function: Callable, *args, timeout=300) -> subprocess.CompletedProcess:
+    """``function(*args)`` in the session's warm process: ``function`` a module-level function of the tests, ``args``
+    and its value JSON. Its value is the JSON of the result's stdout (exit status 0); an exception, its traceback in
+    stderr (exit status 1)."""
+    command = {"call": f"{function.__module__}:{function.__qualname__}", "args": list(args)}
+    return WARM_PROCESS.wait(WARM_PROCESS.submit(command), [command["call"], *map(str, args)], timeout)
 
 
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
@@ -197,7 +205,7 @@ def ddp_ranks_started(*args, timeout=300, **extra) -> Callable[[], subprocess.Co
     """``ddp_ranks(*args)`` handed to the pair now, to compute while this process goes on (with its one-process run,
     say): call what it returns for the run."""
     args = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    number = DDP_PAIR.submit(args, extra)
+    number = DDP_PAIR.submit({"args": args, "environ": extra})
     return lambda: DDP_PAIR.wait(number, args, timeout)
 
 

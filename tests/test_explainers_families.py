@@ -6,11 +6,13 @@ with hooks, ``loss.backward()`` and ``compute_cam_per_layer``), one finding at a
 that is its ``get_cam_image`` followed by its ReLU, on the layer's own grid. The model it explains
 is written here from the issue's rule (the model's logits where ``zero_shot`` gives them, else its
 scores), and the ViT reshape is the library tutorial's (drop the leading tokens, lay the patches
-out row by row). Grad-CAM is also checked against its textbook definition with plain autograd.
+out row by row). Grad-CAM is also checked against its textbook definition with plain autograd. The maps of every
+case are computed by the background lane, in its warm process; the tests compare them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,7 @@ import kad_reference
 import medklip_mavl_reference as ref_data
 import carzero_reference as cr
 from test_carzero import tiny_architecture as tiny_carzero_architecture
+from test_cli import warm_call
 from test_devide import tiny_devide_architecture
 from test_kad import tiny_architecture as tiny_kad_architecture
 from test_open_clip_models import BERT_VOCAB, TINY_CLIP, write_config
@@ -62,10 +65,10 @@ def small_medklip_family(name: str, size: int = 64, width: int = 32) -> dict:
     return config
 
 
-@pytest.fixture(scope="module")
-def builders(tmp_path_factory):
-    """name -> a function building that family's tiny random model with the given explainer options."""
-    root = tmp_path_factory.mktemp("families")
+def family_builders(root: Path):
+    """name -> a function building that family's tiny random model with the given explainer options (its files under
+    ``root``)."""
+    root.mkdir(parents=True, exist_ok=True)
     knowledge = ref_data.write_knowledge(root / "knowledge")
     bert = str(ref_data.write_bert_folder(root / "bert", seed=0))
     med_kebert = str(kad_reference.write_tokenizer(root / "med_kebert"))
@@ -112,6 +115,12 @@ def builders(tmp_path_factory):
         return MAVL(config, random_init=True, knowledge=mavl_knowledge, text=bert, **options)
 
     return build
+
+
+@pytest.fixture(scope="module")
+def builders(tmp_path_factory):
+    """``family_builders``, once a module."""
+    return family_builders(tmp_path_factory.mktemp("families"))
 
 
 FAMILIES = ["clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero"]
@@ -186,17 +195,39 @@ def assert_maps_close(ours: torch.Tensor, expected: torch.Tensor, method: str, s
 CASES = [(family, method) for family in FAMILIES for method in CAM_METHODS if (family, method) != ("mavl", "scorecam")]
 
 
-@pytest.mark.parametrize("family, method", CASES)
-def test_every_cam_equals_pytorch_grad_cams_own(builders, family, method):
+@functools.cache
+def builders_in(root: str):
+    return family_builders(Path(root))
+
+
+def cam_maps(family: str, method: str, root: str) -> dict:
+    """Our maps of the family's tiny model by ``method`` and pytorch-grad-cam's own, as lists (float32 values are exact
+    in JSON), and the layer's largest activation (in the warm process: ``cam_maps_of_every_case``)."""
     scorecam = method == "scorecam"
-    model = builders(family, size=SCORECAM_SIZE.get(family) if scorecam else None, explainer=method,
-                     explainer_layer=SCORECAM_LAYER.get(family) if scorecam else None)
+    model = builders_in(root)(family, size=SCORECAM_SIZE.get(family) if scorecam else None, explainer=method,
+                              explainer_layer=SCORECAM_LAYER.get(family) if scorecam else None)
     images = images_for(model)
     classes = CLASSES[:2] if method == "scorecam" else CLASSES  # the library masks once per channel and finding
     ours = explained_maps(model, images, classes)
     expected, activation_scale = library_maps(model, method, model.explainer_info["target_layer"], images, classes)
+    return {"ours": ours.tolist(), "expected": expected.tolist(), "activation_scale": activation_scale}
+
+
+def cam_maps_of_every_case(folder: Path) -> dict:
+    """The background job of the test below: ``cam_maps`` of every case in the warm process."""
+    return {case: warm_call(cam_maps, *case, str(folder)) for case in CASES}
+
+
+@pytest.mark.parametrize("family, method", CASES)
+@pytest.mark.background(job=cam_maps_of_every_case)
+def test_every_cam_equals_pytorch_grad_cams_own(background, family, method):
+    result = background[1][family, method]
+    assert result.returncode == 0, result.stderr[-3000:]
+    maps = json.loads(result.stdout)
+    ours, expected = (torch.tensor(maps[name], dtype=torch.float32) for name in ("ours", "expected"))
+    classes = CLASSES[:2] if method == "scorecam" else CLASSES
     assert ours.shape == expected.shape == (2, len(classes), *expected.shape[-2:])
-    assert_maps_close(ours, expected, f"{family} {method}", activation_scale if method == "scorecam" else 0.0)
+    assert_maps_close(ours, expected, f"{family} {method}", maps["activation_scale"] if method == "scorecam" else 0.0)
     if method != "eigencam":  # a target: the findings' maps differ
         assert not torch.allclose(ours[:, 0], ours[:, 1]), f"{family} {method}: one map for every finding"
 

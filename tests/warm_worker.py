@@ -3,11 +3,13 @@ one process. It starts once (a pair's rank joins the process group with the firs
 the tests put in its inbox by ``main`` in this process, as ``in_process`` runs them in the test process. The start-up
 (and a pair's process group) is paid once a session, not once a run.
 
-Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``, or ``null`` to stop) for
-N = 0, 1, ...; rank R (``LOCAL_RANK``, 0 for a process outside DDP) answers ``N.rank<R>.json`` (``{"returncode",
+Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``; ``{"call": "module:function",
+"args": [...]}``, a function of the tests called with JSON arguments, its JSON value as the answer's stdout; or
+``null`` to stop) for N = 0, 1, ...; rank R (``LOCAL_RANK``, 0 for a process outside DDP) answers ``N.rank<R>.json`` (``{"returncode",
 "stdout", "stderr"}``), each file written whole (``outputs.atomic_write``). A rank stops when its parent (the test
 session) is gone."""
 
+import importlib
 import json
 import os
 import sys
@@ -32,8 +34,13 @@ def main(inbox: Path) -> None:
         if command is None:
             return
         try:
-            run = in_process(*command["args"], **command["environ"])
-            result = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
+            if "call" in command:
+                module, _, name = command["call"].partition(":")
+                value = getattr(importlib.import_module(module), name)(*command["args"])
+                result = {"returncode": 0, "stdout": json.dumps(value), "stderr": ""}
+            else:
+                run = in_process(*command["args"], **command["environ"])
+                result = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
         except BaseException:  # noqa: BLE001 - the test that sent it reads the traceback
             result = {"returncode": 1, "stdout": "", "stderr": traceback.format_exc()}
         atomic_write(inbox / f"{number}.rank{rank}.json", json.dumps(result))
