@@ -6,8 +6,7 @@ with hooks, ``loss.backward()`` and ``compute_cam_per_layer``), one finding at a
 that is its ``get_cam_image`` followed by its ReLU, on the layer's own grid. The model it explains
 is written here from the issue's rule (the model's logits where ``zero_shot`` gives them, else its
 scores), and the ViT reshape is the library tutorial's (drop the leading tokens, lay the patches
-out row by row). Grad-CAM is also checked against its textbook definition with plain autograd. The maps of every
-case are computed by the background lane, in its warm process; the tests compare them.
+out row by row). Grad-CAM is also checked against its textbook definition with plain autograd.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import kad_reference
 import medklip_mavl_reference as ref_data
 import carzero_reference as cr
 from test_carzero import tiny_architecture as tiny_carzero_architecture
-from test_cli import warm_call
 from test_devide import tiny_devide_architecture
 from test_kad import tiny_architecture as tiny_kad_architecture
 from test_open_clip_models import BERT_VOCAB, TINY_CLIP, write_config
@@ -123,6 +121,12 @@ def builders(tmp_path_factory):
     return family_builders(tmp_path_factory.mktemp("families"))
 
 
+@functools.cache
+def builders_in(root: str):
+    """``family_builders(root)``, once a process (the warm process's runs: test_trust_families)."""
+    return family_builders(Path(root))
+
+
 FAMILIES = ["clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero"]
 
 
@@ -195,39 +199,17 @@ def assert_maps_close(ours: torch.Tensor, expected: torch.Tensor, method: str, s
 CASES = [(family, method) for family in FAMILIES for method in CAM_METHODS if (family, method) != ("mavl", "scorecam")]
 
 
-@functools.cache
-def builders_in(root: str):
-    return family_builders(Path(root))
-
-
-def cam_maps(family: str, method: str, root: str) -> dict:
-    """Our maps of the family's tiny model by ``method`` and pytorch-grad-cam's own, as lists (float32 values are exact
-    in JSON), and the layer's largest activation (in the warm process: ``cam_maps_of_every_case``)."""
+@pytest.mark.parametrize("family, method", CASES)
+def test_every_cam_equals_pytorch_grad_cams_own(builders, family, method):
     scorecam = method == "scorecam"
-    model = builders_in(root)(family, size=SCORECAM_SIZE.get(family) if scorecam else None, explainer=method,
-                              explainer_layer=SCORECAM_LAYER.get(family) if scorecam else None)
+    model = builders(family, size=SCORECAM_SIZE.get(family) if scorecam else None, explainer=method,
+                     explainer_layer=SCORECAM_LAYER.get(family) if scorecam else None)
     images = images_for(model)
     classes = CLASSES[:2] if method == "scorecam" else CLASSES  # the library masks once per channel and finding
     ours = explained_maps(model, images, classes)
     expected, activation_scale = library_maps(model, method, model.explainer_info["target_layer"], images, classes)
-    return {"ours": ours.tolist(), "expected": expected.tolist(), "activation_scale": activation_scale}
-
-
-def cam_maps_of_every_case(folder: Path) -> dict:
-    """The background job of the test below: ``cam_maps`` of every case in the warm process."""
-    return {case: warm_call(cam_maps, *case, str(folder)) for case in CASES}
-
-
-@pytest.mark.parametrize("family, method", CASES)
-@pytest.mark.background(job=cam_maps_of_every_case)
-def test_every_cam_equals_pytorch_grad_cams_own(background, family, method):
-    result = background[1][family, method]
-    assert result.returncode == 0, result.stderr[-3000:]
-    maps = json.loads(result.stdout)
-    ours, expected = (torch.tensor(maps[name], dtype=torch.float32) for name in ("ours", "expected"))
-    classes = CLASSES[:2] if method == "scorecam" else CLASSES
     assert ours.shape == expected.shape == (2, len(classes), *expected.shape[-2:])
-    assert_maps_close(ours, expected, f"{family} {method}", maps["activation_scale"] if method == "scorecam" else 0.0)
+    assert_maps_close(ours, expected, f"{family} {method}", activation_scale if method == "scorecam" else 0.0)
     if method != "eigencam":  # a target: the findings' maps differ
         assert not torch.allclose(ours[:, 0], ours[:, 1]), f"{family} {method}: one map for every finding"
 

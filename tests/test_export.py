@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import cli, python
+from test_cli import python, warm_process
 from test_predictions import COMMON, MODEL, run_test, shard_of
 
 from xbench_pl.commands import main
@@ -47,11 +47,12 @@ def test_npy_export_then_score_maps_gives_score_predictions_exactly(half_store, 
 
 
 def probed_commands(folder: Path) -> subprocess.CompletedProcess:
-    """The background job of the test below: a float16 store of the demo (``folder/store``, a run in a process of its
-    own), then one fresh process that runs the commands below one after the other and says which of Lightning,
+    """The background job of the test below: a float16 store of the demo (``folder/store``, a run in the warm
+    process), then one fresh process that runs the commands below one after the other and says which of Lightning,
     torchmetrics and albumentations each one imported."""
     store = folder / "store"
-    run = cli("test", *MODEL, *COMMON, "--out", str(folder / "run"), "--predictions", str(store), "--predictions_shard_images", "5")
+    run = warm_process("test", *MODEL, *COMMON, "--out", str(folder / "run"), "--predictions", str(store),
+                       "--predictions_shard_images", "5")
     assert run.returncode == 0, run.stderr[-3000:]
     commands = [["describe", "--data", "demo", "--json"],
                 ["export", "--predictions", str(store), "--to", "npy", "--out", str(folder / "npy")],
