@@ -98,7 +98,7 @@ def real_cxr() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def background_lane(request, tmp_path_factory):
     """The jobs of the selected tests' ``background`` marks (``background_lane``), started with the first test; and the
-    session's DDP pair (``test_cli.WarmRanks``) where a selected test is marked ``ddp_pair``: its ranks' start-up then
+    session's DDP pair (``test_cli.DDP_PAIR``) where a selected test is marked ``ddp_pair``: its ranks' start-up then
     runs beside the first tests, not in the first DDP test."""
     if any(item.get_closest_marker("ddp_pair") for item in request.session.items):
         from test_cli import DDP_PAIR

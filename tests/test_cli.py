@@ -196,7 +196,7 @@ def warm_call(function: Callable, *args, timeout=300) -> subprocess.CompletedPro
 
 
 def ddp_ranks(*args, timeout=300, **extra) -> subprocess.CompletedProcess:
-    """``lightning_ddp(*args)`` on the session's two DDP ranks (``WarmRanks``), ``extra`` added to their environment
+    """``lightning_ddp(*args)`` on the session's two DDP ranks (``DDP_PAIR``), ``extra`` added to their environment
     meanwhile. Exit status: the first non-zero; output: rank 0's, then rank 1's."""
     return ddp_ranks_started(*args, timeout=timeout, **extra)()
 

@@ -3,11 +3,11 @@ one process. It starts once (a pair's rank joins the process group with the firs
 the tests put in its inbox by ``main`` in this process, as ``in_process`` runs them in the test process. The start-up
 (and a pair's process group) is paid once a session, not once a run.
 
-Inbox protocol: the tests write ``N.json`` (``{"args": [...], "environ": {...}}``; ``{"call": "module:function",
-"args": [...]}``, a function of the tests called with JSON arguments, its JSON value as the answer's stdout; or
-``null`` to stop) for N = 0, 1, ...; rank R (``LOCAL_RANK``, 0 for a process outside DDP) answers ``N.rank<R>.json`` (``{"returncode",
-"stdout", "stderr"}``), each file written whole (``outputs.atomic_write``). A rank stops when its parent (the test
-session) is gone."""
+Inbox protocol: the tests write ``N.json`` for N = 0, 1, ...: ``{"args": [...], "environ": {...}}``, a command line;
+``{"call": "module:function", "args": [...]}``, a module-level function of the tests called with JSON arguments, its
+JSON value as the answer's stdout; or ``null`` to stop. Rank R (``LOCAL_RANK``, 0 for a process outside DDP) answers
+``N.rank<R>.json`` (``{"returncode", "stdout", "stderr"}``), each file written whole (``outputs.atomic_write``). A
+rank stops when its parent (the test session) is gone."""
 
 import importlib
 import json
