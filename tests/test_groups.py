@@ -220,8 +220,9 @@ def test_rsna_siim_vindr_records_carry_their_dicom_groups(tmp_path, on_error):
         assert batch.groups == [expected[name][i] for i in batch.image_ids]
 
 
-def test_dicom_groups_cost_one_header_read_per_image_on_the_demo(tmp_path, monkeypatch):
-    """demo_dicom (headers: sex alternating M/F, ages 40.., PA): the groups, read once per image in setup."""
+def test_dicom_groups_cost_one_header_read_per_image_on_the_demo(monkeypatch):
+    """demo_dicom (headers: sex alternating M/F, ages 40.., PA; the folder ``--data demo_dicom`` reads, drawn once a
+    machine): the groups, read once per image in setup."""
     import xbench_pl.data.io as io
 
     from xbench_pl import create_datamodule
@@ -230,7 +231,7 @@ def test_dicom_groups_cost_one_header_read_per_image_on_the_demo(tmp_path, monke
     calls = Counter()
     original = io.read_dicom_header
     monkeypatch.setattr(io, "read_dicom_header", lambda path, *a, **k: (calls.update([str(path)]), original(path, *a, **k))[1])
-    dm = create_datamodule("demo_dicom", root=str(tmp_path / "demo"), preprocess=Preprocess(size=32), eval_size=64)
+    dm = create_datamodule("demo_dicom", preprocess=Preprocess(size=32), eval_size=64)
     dm.setup("test")
     records = dm.test_set.records
     assert len(records) == 6 and sorted(calls.values()) == [1] * 6
