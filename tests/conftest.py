@@ -66,7 +66,7 @@ TREE = TreeGuard()
 @pytest.fixture(autouse=True)
 def writes_nothing_into_the_tree():
     """Tests write under tmp_path only: a file a test leaves in the working tree fails it."""
-    before = set(TREE.entries())
+    before = TREE.entries()  # a walk lists into a new set: this one stays as it is
     yield
     if new := sorted(TREE.entries() - before):
         pytest.fail(f"the test wrote into the working tree: {new[:5]} (write under tmp_path)", pytrace=False)

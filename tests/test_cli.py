@@ -116,10 +116,11 @@ class WarmRanks:
 
     def start(self) -> None:
         self.inbox, self.sent = Path(tempfile.mkdtemp(prefix=f"xbench-warm{self.world}-")), 0
-        ddp = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0", "WORLD_SIZE": str(self.world)}
+        ddp = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0",
+               "WORLD_SIZE": str(self.world)} if self.world > 1 else {}
         for rank in range(self.world):
             with open(self.inbox / f"rank{rank}.log", "w") as log:
-                environment = cli_env(**ddp, LOCAL_RANK=str(rank)) if self.world > 1 else cli_env()
+                environment = cli_env(**ddp, LOCAL_RANK=str(rank)) if ddp else cli_env()
                 self.ranks.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "warm_worker.py"), str(self.inbox)],
                                                    cwd=REPO, env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log))
 
