@@ -117,10 +117,13 @@ def test_scores_logits_and_maps_equal_the_authors(official):
 
 
 def test_scores_do_not_depend_on_the_batch(official):
-    model, output = official["model"], official["ours"]["output"]
+    # the second image alone against the pair's float32 and float64 passes: how a batch of 1 rounds differs from a
+    # batch of 2 on some CPUs' kernels (AMX), so the bound is the pair's own float32 round-off measured here
+    model, batched, exact = official["model"], official["ours"]["output"], official["exact"]["output"]
     single = model.zero_shot(cr.reference_images(seed=0, batch=2)[1:], CXR14 + list(EXTRA))
-    torch.testing.assert_close(single.logits, output.logits[1:], rtol=0, atol=1e-5)
-    torch.testing.assert_close(single.saliency, output.saliency[1:], rtol=0, atol=1e-6)
+    for key in ("logits", "saliency"):
+        assert_within_float32_roundoff(f"{key} of one image alone", getattr(batched, key)[1:], getattr(exact, key)[1:],
+                                       getattr(single, key))
 
 
 # -- the released file: manifest, parameter counts, safe reading ------------------------------------
