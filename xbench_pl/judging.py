@@ -36,22 +36,53 @@ def batch_units(batch: Batch) -> torch.Tensor:
 
 
 @dataclass
+class StatedBoxes:
+    """What a model stated in text per (image, finding) (a grounded generative model: ``models.generative``).
+
+    boxes: per image, per finding, ``[n, 5]`` float64: each stated box ``(x0, y0, x1, y1)`` in continuous model-input
+    pixels (the square ``preprocess.size`` input the saliency spans; pixel ``i`` spans ``[i, i + 1)``) and its
+    confidence (1 where the model gives none), in the order stated; ``[0, 5]``: no box.
+    texts: per image, per finding, the raw generated text the boxes were parsed from.
+    failed ``[B, C]`` bool: the text could not be parsed (its pair is scored as "no box", and counted).
+    """
+
+    boxes: list[list[torch.Tensor]]
+    texts: list[list[str]]
+    failed: torch.Tensor
+
+    def __post_init__(self) -> None:
+        b, c = self.failed.shape
+        if len(self.boxes) != b or len(self.texts) != b or any(len(row) != c for row in self.boxes + self.texts):
+            raise ValueError(f"StatedBoxes: boxes and texts must be [{b}][{c}] like failed")
+
+    @staticmethod
+    def joined(parts: list[StatedBoxes], order: torch.Tensor) -> StatedBoxes:
+        """``parts`` one after the other, then their rows in ``order``."""
+        rows = order.tolist()
+        boxes, texts = [r for p in parts for r in p.boxes], [r for p in parts for r in p.texts]
+        return StatedBoxes([boxes[i] for i in rows], [texts[i] for i in rows], torch.cat([p.failed for p in parts])[order.cpu()])
+
+
+@dataclass
 class ZeroShotOutput:
     """scores ``[B, C]``: the model's probability in [0, 1] that finding c is present in image b.
     saliency ``[B, C, h, w]``: where the model locates finding c, on its native grid, which
     spans the whole model input (``preprocess.size`` square); larger = more salient.
     logits ``[B, C]`` (optional): the model's raw score as its authors compute it, before any
     mapping to ``scores`` (a model whose authors score in [0, 1] may leave it ``None``); the
-    benchmark metrics read ``scores`` only."""
+    benchmark metrics read ``scores`` only.
+    stated (optional): the boxes the model stated in text (``StatedBoxes``): the stated-box metrics
+    (``metrics.boxes``) judge them; None for a model that states none."""
 
     scores: torch.Tensor
     saliency: torch.Tensor
     logits: torch.Tensor | None = None
+    stated: StatedBoxes | None = None
 
     def promoted(self) -> ZeroShotOutput:
         """This output with its float16/bfloat16 tensors (a reduced-precision forward's) in float32; others as they are."""
         logits = None if self.logits is None else promoted(self.logits)
-        return ZeroShotOutput(promoted(self.scores), promoted(self.saliency), logits)
+        return ZeroShotOutput(promoted(self.scores), promoted(self.saliency), logits, self.stated)
 
 
 @dataclass
@@ -81,6 +112,8 @@ class Judge(nn.Module):
     """
 
     device: torch.device
+    #: whether the judged outputs carry stated boxes (``ZeroShotOutput.stated``): every dataset then has the box keys
+    STATES_BOXES = False
 
     def __init__(self, normalize: NormalizeMode = "minmax", fixed_threshold: GridThreshold = 0.5,
                  score_threshold: ClosedUnitInterval = 0.5, bootstrap: NonNegativeInt = 1000, bootstrap_seed: int = 0,
@@ -106,7 +139,8 @@ class Judge(nn.Module):
         self.benchmark[name] = BenchmarkMetrics(classes, self.normalize, self.fixed_threshold, self.score_threshold,
                                                 bootstrap=self.bootstrap, bootstrap_seed=self.bootstrap_seed, size_bounds=self.size_strata,
                                                 tuned_thresholds=self.tuned_thresholds.get(name), tuning_source=self.tune_from, cxl=self.cxl,
-                                                negatives=self.negatives, groups=self.groups, trust=trust).to(self.device)
+                                                negatives=self.negatives, groups=self.groups, trust=trust,
+                                                boxes=self.STATES_BOXES).to(self.device)
 
     def update_metrics(self, batch: Batch, output: ZeroShotOutput) -> TestStepOutput:
         """The judging of ``output`` for ``batch``: checks, the warp to the eval grid and the metric update. A
@@ -152,6 +186,10 @@ class Judge(nn.Module):
                                              groups=groups, pair_rows=pair_rows, seen=seen)
         if self.benchmark[batch.dataset].cxl is not None:
             self.update_cxl(batch, output.saliency, units)
+        if self.benchmark[batch.dataset].boxes is not None:
+            if output.stated is None:
+                raise ValueError(f"{type(self).__name__} states boxes but gave none for a batch of {batch.dataset}")
+            self.update_boxes(batch, output, rows, image_keys[rows], units[rows])
         return TestStepOutput(output, maps, masks, torch.stack((sample, cls), dim=1))
 
     def negative_pairs(self, batch: Batch, saliency: torch.Tensor, rows: torch.Tensor):
@@ -183,6 +221,57 @@ class Judge(nn.Module):
         units = units[counted].repeat_interleave(len(batch.classes))  # the pairs' order: image, then finding
         self.benchmark[batch.dataset].update_cxl(pairs, units.tolist())
 
+    def update_boxes(self, batch: Batch, output: ZeroShotOutput, rows: torch.Tensor, image_keys: torch.Tensor,
+                     units: torch.Tensor) -> None:
+        """The stated-box metrics of every (image, finding) pair of the counted images ``rows`` (``metrics.boxes``):
+        each stated box mapped from the model input to the original image through the batch's affine and clipped to
+        it (``boxes.clip_boxes``); the ground truth from the dataset's records at full resolution (each instance's
+        ``regions.region_bounds``); self-consistency on the eval grid, the map warped as the benchmark warps it."""
+        from xbench_pl.data.regions import region_bounds
+        from xbench_pl.metrics.boxes import BOX_PAIR_KEYS, box_raster, clip_boxes, pair_box_values, self_consistency
+
+        dataset, stated, eval_size = self.region_dataset(batch), output.stated, batch.region_masks.shape[-1]
+        values, pair_cls, stated_rows, truth_rows, consistency = [], [], [], [], []
+        for position, b in enumerate(rows.tolist()):
+            height, width = (int(v) for v in batch.original_size[b].tolist())
+            sx, sy, tx, ty = batch.affine[b].double().tolist()
+            record = dataset.records[int(batch.index[b])]
+            for c, finding in enumerate(batch.classes):
+                raw = stated.boxes[b][c].double().reshape(-1, 5).cpu()
+                original = torch.stack(((raw[:, 0] - tx) / sx, (raw[:, 1] - ty) / sy, (raw[:, 2] - tx) / sx,
+                                        (raw[:, 3] - ty) / sy), dim=1)
+                boxes, kept = clip_boxes(original, height, width)
+                bounds = [r for r in (region_bounds(x, height, width) for x in record.regions.get(finding, [])) if r is not None]
+                truth = torch.tensor(bounds, dtype=torch.float64).reshape(-1, 4)
+                values.append(pair_box_values(boxes, truth, height, width, float(batch.labels[b, c]), bool(stated.failed[b, c])))
+                pair_cls.append(c)
+                stated_rows.append((position, c, boxes, raw[kept, 4]))
+                truth_rows.append((position, c, truth))
+                if boxes.shape[0]:
+                    consistency.append((len(values) - 1, b, c, box_raster(boxes, height, width, eval_size)))
+        values = torch.tensor(values, dtype=torch.float64).reshape(-1, len(BOX_PAIR_KEYS))
+        if consistency:
+            index, samples, classes, masks = zip(*consistency)
+            samples, classes = torch.tensor(samples), torch.tensor(classes)
+            maps = warp_to_eval_grid(output.saliency[samples.to(output.saliency.device), classes.to(output.saliency.device)],
+                                     batch.affine[samples.to(batch.affine.device)], batch.images.shape[-1],
+                                     batch.original_size[samples.to(batch.original_size.device)], eval_size)
+            mass, pointing = self_consistency(maps, torch.stack(masks), self.normalize)
+            at = BOX_PAIR_KEYS.index("self_consistency_mass")
+            values[list(index), at], values[list(index), at + 1] = mass, pointing
+
+        def listed(entries, with_scores: bool) -> dict:
+            counts = torch.tensor([e[2].shape[0] for e in entries], dtype=torch.long)
+            position = torch.tensor([e[0] for e in entries], dtype=torch.long)
+            boxes = torch.cat([e[2] for e in entries]) if entries else torch.zeros(0, 4, dtype=torch.float64)
+            scores = torch.cat([e[3] for e in entries]) if with_scores and entries else torch.ones(boxes.shape[0], dtype=torch.float64)
+            return {"image": image_keys[position].repeat_interleave(counts), "boxes": boxes, "scores": scores,
+                    "cls": torch.tensor([e[1] for e in entries], dtype=torch.long).repeat_interleave(counts)}
+
+        pairs = torch.arange(rows.numel()).repeat_interleave(len(batch.classes))
+        self.benchmark[batch.dataset].update_boxes(image_keys[pairs], units[pairs], torch.tensor(pair_cls, dtype=torch.long),
+                                                   values, listed(stated_rows, True), listed(truth_rows, False))
+
     def region_dataset(self, batch: Batch):
         """The ``XBenchDataset`` of ``batch``'s dataset, whose records hold the regions at full resolution (cxl mode):
         ``region_datasets``' (a replay sets it), else ``found_region_dataset``'s."""
@@ -190,7 +279,7 @@ class Judge(nn.Module):
         if dataset is None:
             dataset = self.found_region_dataset(batch.dataset)
             if dataset is None:
-                raise ValueError(f"cxl=True needs the regions of {batch.dataset!r} at full resolution: run through an "
+                raise ValueError(f"cxl=True and stated boxes need the regions of {batch.dataset!r} at full resolution: run through an "
                                  "XBenchDataModule (the CLI's --data) or set model.region_datasets")
             self.region_datasets[batch.dataset] = dataset
         return dataset

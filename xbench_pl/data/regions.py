@@ -98,6 +98,22 @@ def rasterize_original(regions: list, height: int, width: int) -> np.ndarray:
     return out
 
 
+def region_bounds(region, height: int, width: int) -> tuple[float, float, float, float] | None:
+    """A region's bounding box ``(x0, y0, x1, y1)`` in continuous original pixels (the box metrics' ground truth): a
+    box as it is, a polygon by its points' extent, a mask (or a run-length region) by its pixels' extent (pixel ``i``
+    spans ``[i, i + 1)``); None for an empty mask."""
+    if isinstance(region, Box):
+        return (region.x0, region.y0, region.x1, region.y1)
+    if isinstance(region, Polygon):
+        xs, ys = [p[0] for p in region.points], [p[1] for p in region.points]
+        return (min(xs), min(ys), max(xs), max(ys))
+    mask = rasterize_original([region], height, width)
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    if not rows.size:
+        return None
+    return (float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1))
+
+
 def rasterize_union(regions: list[Region], height: int, width: int, eval_size: int) -> np.ndarray:
     """Union of all instances of one finding on the eval grid, ``[E, E]`` bool."""
     out = np.zeros((eval_size, eval_size), dtype=bool)

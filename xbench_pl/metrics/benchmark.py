@@ -44,6 +44,7 @@ from torchmetrics import Metric
 
 from xbench_pl.data.groups import GROUPS, UNKNOWN, parse_groups
 
+from xbench_pl.metrics.boxes import BOX_KEYS, BoxMode
 from xbench_pl.metrics.chexlocalize import CXL_KEYS, CheXlocalizeMode
 from xbench_pl.outputs import replicate_keys
 from xbench_pl.metrics.functional import (
@@ -202,7 +203,7 @@ class BenchmarkMetrics(nn.Module):
     def __init__(self, classes: list[str], normalize: str = "minmax", fixed_threshold: float = 0.5, score_threshold: float = 0.5,
                  bootstrap: int = 1000, bootstrap_seed: int = 0, size_bounds: tuple[float, float] = DEFAULT_SIZE_BOUNDS,
                  tuned_thresholds: dict[str, float] | None = None, tuning_source: str | None = None, cxl: bool = False,
-                 negatives: bool = False, groups: tuple[str, ...] = (), trust: dict | None = None):
+                 negatives: bool = False, groups: tuple[str, ...] = (), trust: dict | None = None, boxes: bool = False):
         super().__init__()
         self.classes = list(classes)
         c = len(self.classes)
@@ -210,12 +211,14 @@ class BenchmarkMetrics(nn.Module):
         self.pointing = PointingGame(c)
         self.dice_iou = DiceIoU(c, fixed_threshold=fixed_threshold, normalize=normalize)
         self.keys = (metric_keys(fixed_threshold) + (CXL_KEYS if cxl else ()) + (NEGATIVE_KEYS if negatives else ())
-                     + (trust_keys(tuple(trust["measures"])) if trust else ()))
+                     + (trust_keys(tuple(trust["measures"])) if trust else ()) + (BOX_KEYS if boxes else ()))
         self.negatives = bool(negatives)
         # CheXlocalize-comparable mode (``chexlocalize.py``): fed by ``update_cxl`` at full resolution
         self.cxl = CheXlocalizeMode(c) if cxl else None
         # the trust measures (``--model.trust``): fed by ``update_trust`` with what ``models.trust_run`` measured
         self.trust = TrustMode(c, trust) if trust else None
+        # the stated-box metrics (a model that states boxes: ``boxes.py``): fed by ``update_boxes``
+        self.boxes = BoxMode(c) if boxes else None
         self.curves: dict = {}
         if bootstrap < 0:
             raise ValueError(f"bootstrap must be >= 0 resamples (0 = off), got {bootstrap}")
@@ -397,6 +400,14 @@ class BenchmarkMetrics(nn.Module):
             raise ValueError("update_trust: this BenchmarkMetrics was built without trust settings")
         self.trust.update(image, unit, cls, values, maps)
 
+    def update_boxes(self, image: torch.Tensor, unit: torch.Tensor, cls: torch.Tensor, values: torch.Tensor, stated: dict,
+                     truth: dict) -> None:
+        """Feed the stated-box metrics (``BoxMode.update``): per scored pair its keys, class and values, and every
+        stated and ground-truth box."""
+        if self.boxes is None:
+            raise ValueError("update_boxes: this BenchmarkMetrics was built without boxes=True")
+        self.boxes.update(image, unit, cls, values, stated, truth)
+
     def sample_state(self) -> dict:
         """The synced records behind the bootstrap (the same on every rank): ``grounding`` (``DiceIoU.compute``),
         ``pairs`` (``PairRecords``, sorted by image and class), ``images`` (``ImageRecords``, sorted by image)."""
@@ -407,7 +418,8 @@ class BenchmarkMetrics(nn.Module):
         cxl = (_unsqueezed(self.cxl.pairs.compute(), {"values": (len(CXL_KEYS),), "defined": (len(CXL_KEYS),)})
                if self.cxl is not None and self.cxl.keyed else None)
         return {"grounding": self.dice_iou.compute(), "pairs": records, "images": images, "cxl": cxl,
-                "trust": self.trust.state() if self.trust is not None else None}
+                "trust": self.trust.state() if self.trust is not None else None,
+                "boxes": self.boxes.state() if self.boxes is not None else None}
 
     def compute(self) -> dict:
         state = self.sample_state()
@@ -434,6 +446,8 @@ class BenchmarkMetrics(nn.Module):
             columns.update(self.cxl.compute())
         if self.trust is not None:
             columns.update(self.trust.columns(state["trust"]))
+        if self.boxes is not None:
+            columns.update(self.boxes.columns(state["boxes"]))
         counts = {"n_pos": rec["n_pos"], "n_neg": rec["n_neg"], "n_regions": grounding["n_regions"]}
         # torchmetrics squeezes one-element results; a one-class dataset still needs [C]
         columns = {k: v.reshape(len(self.classes)) for k, v in columns.items()}
@@ -558,6 +572,8 @@ class BenchmarkMetrics(nn.Module):
             out.update({k: per_cxl[:, :, i] for i, k in enumerate(CXL_KEYS)})
         if state.get("trust") is not None:
             out.update(self.trust.replicates(state["trust"], universe, weights))
+        if state.get("boxes") is not None:
+            out.update(self.boxes.replicates(state["boxes"], universe, weights))
         if not self.images_keyed:
             return out
         n, index = images["image"].numel(), torch.searchsorted(universe, images["unit"])
@@ -579,7 +595,8 @@ class BenchmarkMetrics(nn.Module):
             image, unit = pairs["image"], pairs["unit"]
         extra = state["cxl"]["unit"] if state["cxl"] is not None else unit[:0]  # cxl judges images without regions too
         measured = state["trust"]["unit"] if state.get("trust") is not None else unit[:0]  # trust_pairs=all: those too
-        return torch.unique(torch.cat([unit, extra, measured]), sorted=True), unit_name(image, unit)
+        stated = state["boxes"]["pairs"]["unit"] if state.get("boxes") is not None else unit[:0]  # every scored pair
+        return torch.unique(torch.cat([unit, extra, measured, stated]), sorted=True), unit_name(image, unit)
 
     def draws(self, state: dict) -> tuple[torch.Tensor, str, torch.Tensor] | None:
         """The bootstrap's ``(units, unit name, weights [R, U])`` (``units``, ``bootstrap_weights``), drawn once for the

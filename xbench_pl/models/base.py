@@ -33,7 +33,7 @@ from torch import nn
 
 from xbench_pl.data.base import Batch
 from xbench_pl.geometry import Preprocess
-from xbench_pl.judging import Judge, TestStepOutput, ZeroShotOutput, batch_units
+from xbench_pl.judging import Judge, StatedBoxes, TestStepOutput, ZeroShotOutput, batch_units
 from xbench_pl.metrics.functional import NormalizeMode
 from xbench_pl.models.stand_ins import stand_in_tokenizer
 from xbench_pl.metrics.resampling import image_key
@@ -230,7 +230,9 @@ class ZeroShotModel(Judge, L.LightningModule):
             values = [getattr(output, field) for _, output in parts]
             return None if values[0] is None else torch.cat(values)[order]
 
-        return ZeroShotOutput(scores=joined("scores"), saliency=joined("saliency"), logits=joined("logits"))
+        stated = [output.stated for _, output in parts]
+        return ZeroShotOutput(scores=joined("scores"), saliency=joined("saliency"), logits=joined("logits"),
+                              stated=None if stated[0] is None else StatedBoxes.joined(stated, order))
 
     def stand_in(self, what: str, value):
         """``value``, made up in place of a missing file (``what``: "tokenizer", ...) by a model without a checkpoint;

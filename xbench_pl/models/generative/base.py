@@ -1,0 +1,299 @@
+"""The grounded generative family's one base: a transformers image-text-to-text model run as a ``ZeroShotModel``.
+
+For every (image, finding or phrase) it gives three things (``zero_shot``):
+
+1. **stated boxes** (``ZeroShotOutput.stated``): the model's own grounding prompt (``grounding_prompt``, each family's
+   documented one), generated greedily (``do_sample=False``, left padding, KV cache, at most ``max_new_tokens``), the
+   raw text kept, parsed by the family's convention (``parsing``) into boxes in model-input pixels; an answer that
+   cannot be parsed is counted (``parse_failure_rate``) and scored as no box.
+2. **a recognition score**: one forward of a stated question (``question``, e.g. "Is there {} in this chest X-ray?"),
+   no generation: ``scores = P(yes) / (P(yes) + P(no))`` of the first answer token (the family's ``ANSWERS``), and
+   ``logits = log P(yes) - log P(no)`` (what gradient explainers explain).
+3. **a map**: in that same forward, the attention of the last prompt position (the one whose next token is the
+   answer) to the image tokens, averaged over every head of every language-model layer, on the image tokens' grid
+   (``image_grid``). Only that query row is kept (``LAST_QUERY``: an attention function that computes the layer's
+   output with torch's SDPA and the last row's weights beside it), so memory does not grow with the square of the
+   sequence.
+
+An architecture module (``lingshu.py``, ``medgemma.py``, ...) subclasses ``GenerativeModel`` and gives what differs:
+the transformers class and its configs (the release's and a tiny one built in code), the chat template
+(``prompt``), the image inputs (``image_inputs``), the image token and grid, the box convention (``parse``) and its
+stand-in tokenizer's special tokens. Weights: a local copy of the release's folder (``checkpoint``: its
+``config.json``, tokenizer files and safetensors), or ``random_init``: a tiny configuration of the same classes built
+in code (``tiny_config``: a few layers, hidden sizes 32-64, a smaller input) with a stand-in tokenizer, for smoke runs
+on a CPU. Nothing downloads, and no remote code runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from jsonargparse.typing import PositiveInt
+
+from xbench_pl.judging import StatedBoxes, ZeroShotOutput
+from xbench_pl.models.base import ZeroShotModel
+from xbench_pl.models.checkpoints import CheckpointError, build_weights
+
+#: the attention function registered with transformers that keeps each layer's last query row (``last_query_attention``)
+LAST_QUERY = "xbench_last_query"
+#: the default recognition question (``{}``: the finding's name or the phrase)
+QUESTION = "Is there {} in this chest X-ray? Answer yes or no."
+
+
+class AttentionRows:
+    """Where ``last_query_attention`` puts each layer's last-query weights ``[rows, heads, keys]`` while collecting."""
+
+    collected: list[torch.Tensor] | None = None
+
+
+def last_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' SDPA attention for the layer's output, and (while ``AttentionRows.collected`` is a list) the
+    softmax weights of the last query position over every key, with the same mask, scaling and grouped heads."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if AttentionRows.collected is not None:
+        keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        weights = (query[:, :, -1:].float() @ keys.float().transpose(-1, -2)) * scale
+        if attention_mask is not None:
+            mask = attention_mask[:, :, -1:, : keys.shape[-2]]
+            weights = weights + mask.float() if mask.dtype != torch.bool else weights.masked_fill(~mask, float("-inf"))
+        AttentionRows.collected.append(weights.softmax(-1)[:, :, 0])
+    return output, None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(LAST_QUERY, last_query_attention)
+
+
+class GenerativeModel(ZeroShotModel):
+    """A grounded generative VLM (see the module). Subclasses set the class attributes and the hooks.
+
+    Args:
+        checkpoint: the local folder of the release (``config.json``, tokenizer files, ``*.safetensors``), as
+            ``weights pull NAME`` places it; required unless ``random_init``.
+        random_init: run without weights (smoke tests; reports say so): the family's tiny configuration and a stand-in
+            tokenizer.
+        max_new_tokens: the longest grounding answer generated (None: the family's ``MAX_NEW_TOKENS``, its card's).
+        question: the recognition question (``{}``: the finding or phrase).
+        rows_per_forward: (image, finding) prompts per forward and per ``generate`` call (memory).
+    """
+
+    STATES_BOXES = True
+    EXPLAINER_TARGET = "logits"
+    #: the transformers class (``transformers.<NAME>``)
+    NETWORK: str = ""
+    #: the first answer tokens of the recognition question: (yes, no)
+    ANSWERS: tuple[str, str] = ("Yes", "No")
+    #: the special tokens a stand-in tokenizer needs (the image token first)
+    SPECIAL_TOKENS: tuple[str, ...] = ()
+    #: the model card's grounding prompt (``{}``: the finding or phrase)
+    GROUNDING_PROMPT: str = ""
+    #: the release: hub id, licence, the transformers version its authors pinned (docs/models.md says more)
+    RELEASE: dict = {}
+    #: the longest grounding answer its card generates (``max_new_tokens``' default)
+    MAX_NEW_TOKENS = 128
+
+    def __init__(self, checkpoint: str | None = None, random_init: bool = False, max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
+        super().__init__(**kwargs)
+        if checkpoint is None and not random_init:
+            raise CheckpointError(f"{type(self).__name__} needs --model.checkpoint DIR, a local copy of {self.RELEASE['hub']} "
+                                  f"(python -m xbench_pl weights pull {self.model_key()}), or --model.random_init true for a smoke run")
+        if "{}" not in question:
+            raise ValueError(f"question {question!r} needs a {{}} where the finding goes")
+        self.tiny = checkpoint is None
+        self.max_new_tokens = int(max_new_tokens or self.MAX_NEW_TOKENS)
+        self.question, self.rows_per_forward = question, int(rows_per_forward)
+        self.checkpoint = None if checkpoint is None else Path(checkpoint).expanduser()
+        register_attention()
+        if self.checkpoint is not None:
+            self.tokenizer = self.load_tokenizer(self.checkpoint)
+            config = self.read_config(self.checkpoint)
+        else:
+            self.tokenizer = self.stand_in("tokenizer", self.stand_in_tokenizer())
+            config = self.tiny_config(len(self.tokenizer))
+        build_weights(lambda: self.build(config), random_init=self.checkpoint is None)
+        self.preprocess = self.input_preprocess()
+        self.answer_ids = tuple(self.single_token(word) for word in self.ANSWERS)
+        if self.checkpoint is not None:
+            self.load_release(self.checkpoint)
+        else:
+            self.warn_random_weights()
+        self.eval()
+        self.attach_explainer()
+
+    # -- what an architecture gives -----------------------------------------------------------------
+    def tiny_config(self, vocab_size: int):
+        raise NotImplementedError
+
+    def prompt(self, text: str) -> str:
+        """The whole prompt string for one image and the user's ``text``: chat template, image tokens expanded."""
+        raise NotImplementedError
+
+    def image_inputs(self, images: torch.Tensor) -> dict:
+        """The network's image keyword arguments for ``images [N, 3, S, S]`` (one image per prompt row)."""
+        raise NotImplementedError
+
+    def image_grid(self) -> tuple[int, int]:
+        """The (rows, columns) grid of the first ``rows * columns`` image tokens of a prompt (the map's grid)."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> list[tuple[float, float, float, float, float]]:
+        """The boxes of a generated ``text`` in model-input pixels with a confidence (1 where none):
+        ``parsing.ParseError`` for a text that cannot be read."""
+        raise NotImplementedError
+
+    def input_preprocess(self):
+        """The model input (``geometry.Preprocess``; ``self.tiny``: the tiny configuration's smaller input)."""
+        raise NotImplementedError
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(self.SPECIAL_TOKENS[0]))
+
+    # -- shared ------------------------------------------------------------------------------------
+    @classmethod
+    def model_key(cls) -> str:
+        return cls.__name__.lower()
+
+    def build(self, config) -> None:
+        import transformers
+
+        self.network = getattr(transformers, self.NETWORK)(config)
+        self.network.set_attn_implementation({"text_config": LAST_QUERY})
+
+    def stand_in_tokenizer(self):
+        from xbench_pl.models.generative.tokens import chat_stand_in
+
+        return chat_stand_in(self.SPECIAL_TOKENS, self.ANSWERS)
+
+    def load_tokenizer(self, folder: Path):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{folder}: no tokenizer of {self.RELEASE['hub']} there ({error}); give the release folder "
+                                  "as downloaded (tokenizer.json, tokenizer_config.json)") from None
+
+    def read_config(self, folder: Path):
+        import transformers
+
+        path = folder / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{path}: cannot read the release's config ({error})") from None
+        config_class = getattr(transformers, self.NETWORK).config_class
+        return config_class(**{k: v for k, v in data.items() if k not in ("architectures", "auto_map")})
+
+    def load_release(self, folder: Path) -> None:
+        from xbench_pl.models.checkpoints import load_weights
+        from safetensors.torch import load_file
+
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder}: no *.safetensors of {self.RELEASE['hub']} there")
+        state = {}
+        for file in files:
+            state.update(load_file(file))
+        load_weights(self.network, self.checkpoint_filter(state), str(folder))
+
+    def checkpoint_filter(self, state: dict) -> dict:
+        """The release's keys as the transformers class names them (default: unchanged)."""
+        return state
+
+    def single_token(self, word: str) -> int:
+        ids = self.tokenizer.encode(word, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{type(self).__name__}: the answer {word!r} is {len(ids)} tokens of this tokenizer, not one")
+        return ids[0]
+
+    def encode(self, prompts: list[str]) -> dict:
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        return {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+
+    def rows(self, images: torch.Tensor, classes: list[str]) -> list[tuple[torch.Tensor, list[str]]]:
+        """The (image, text) prompt rows, image-major, in chunks of ``rows_per_forward``: ``(images [n, 3, S, S], texts)``."""
+        b, c = images.shape[0], len(classes)
+        index = [(i, j) for i in range(b) for j in range(c)]
+        return [(images[[i for i, _ in index[s:s + self.rows_per_forward]]], [classes[j] for _, j in index[s:s + self.rows_per_forward]])
+                for s in range(0, len(index), self.rows_per_forward)]
+
+    def recognition(self, images: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of the question for each (image, text) row: ``logits [n]`` (log P(yes) - log P(no)) and the maps
+        ``[n, h, w]``."""
+        inputs = self.encode([self.prompt(self.question.format(text)) for text in texts])
+        AttentionRows.collected = []
+        try:
+            out = self.network(**inputs, **self.image_inputs(images), use_cache=False)
+            layers = AttentionRows.collected
+        finally:
+            AttentionRows.collected = None
+        answer = out.logits[:, -1, list(self.answer_ids)].float().log_softmax(-1)
+        attention = torch.stack(layers).mean(dim=(0, 2))  # [rows, keys]: mean over layers and heads
+        image = inputs["input_ids"] == self.image_token_id
+        h, w = self.image_grid()
+        counts = image.sum(1)
+        if (counts < h * w).any():
+            raise ValueError(f"{type(self).__name__}: a prompt has {int(counts.min())} image tokens, fewer than its {h}x{w} grid")
+        positions = image.long().argsort(dim=1, descending=True, stable=True)[:, : h * w].sort(dim=1).values
+        maps = attention.gather(1, positions).reshape(-1, h, w)
+        return answer[:, 0] - answer[:, 1], maps
+
+    @torch.no_grad()
+    def generate(self, images: torch.Tensor, texts: list[str]) -> list[str]:
+        """The greedy answers to the grounding prompt of each (image, text) row, decoded without special tokens but
+        those the family's convention reads (``keep_special``)."""
+        inputs = self.encode([self.prompt(self.GROUNDING_PROMPT.format(text)) for text in texts])
+        out = self.network.generate(**inputs, **self.image_inputs(images), max_new_tokens=self.max_new_tokens, do_sample=False,
+                                    num_beams=1, use_cache=True, pad_token_id=self.tokenizer.pad_token_id)
+        return [self.decode(row) for row in out[:, inputs["input_ids"].shape[1]:]]
+
+    def decode(self, ids: torch.Tensor) -> str:
+        """A generated row as text: up to its first end-of-sequence or padding token, special tokens kept (the box
+        conventions of some families are special tokens)."""
+        stops = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
+        stops |= set(self.network.generation_config.eos_token_id if isinstance(self.network.generation_config.eos_token_id, list)
+                     else [self.network.generation_config.eos_token_id] if self.network.generation_config.eos_token_id is not None else [])
+        kept = []
+        for token in ids.tolist():
+            if token in stops:
+                break
+            kept.append(token)
+        return self.tokenizer.decode(kept, skip_special_tokens=False)
+
+    def stated_boxes(self, texts: list[str]) -> tuple[list[torch.Tensor], list[bool]]:
+        from xbench_pl.models.generative.parsing import ParseError
+
+        boxes, failed = [], []
+        for text in texts:
+            try:
+                parsed = self.parse(text)
+                failed.append(False)
+            except ParseError:
+                parsed = []
+                failed.append(True)
+            boxes.append(torch.tensor(parsed, dtype=torch.float64).reshape(-1, 5))
+        return boxes, failed
+
+    @torch.no_grad()
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        b, c = images.shape[0], len(classes)
+        logits, maps, texts = [], [], []
+        for row_images, row_texts in self.rows(images, classes):
+            row_logits, row_maps = self.recognition(row_images, row_texts)
+            logits.append(row_logits)
+            maps.append(row_maps.float())
+            texts.extend(self.generate(row_images, row_texts))
+        boxes, failed = self.stated_boxes(texts)
+        logits = torch.cat(logits).reshape(b, c).float()
+        stated = StatedBoxes([boxes[i * c:(i + 1) * c] for i in range(b)], [texts[i * c:(i + 1) * c] for i in range(b)],
+                             torch.tensor(failed, dtype=torch.bool).reshape(b, c))
+        return ZeroShotOutput(scores=torch.sigmoid(logits), saliency=torch.cat(maps).reshape(b, c, *maps[0].shape[-2:]),
+                              logits=logits, stated=stated)
