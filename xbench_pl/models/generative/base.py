@@ -236,15 +236,18 @@ class GenerativeModel(ZeroShotModel):
         finally:
             AttentionRows.collected = None
         answer = out.logits[:, -1, list(self.answer_ids)].float().log_softmax(-1)
-        attention = torch.stack(layers).mean(dim=(0, 2))  # [rows, keys]: mean over layers and heads
-        image = inputs["input_ids"] == self.image_token_id
+        maps = self.image_attention(torch.stack(layers).mean(dim=(0, 2)), inputs["input_ids"])  # mean over layers and heads
+        return answer[:, 0] - answer[:, 1], maps
+
+    def image_attention(self, attention: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The last query's attention ``[rows, keys]`` at each row's first ``h * w`` image tokens, as maps ``[rows, h, w]``."""
+        image = input_ids == self.image_token_id
         h, w = self.image_grid()
         counts = image.sum(1)
         if (counts < h * w).any():
             raise ValueError(f"{type(self).__name__}: a prompt has {int(counts.min())} image tokens, fewer than its {h}x{w} grid")
         positions = image.long().argsort(dim=1, descending=True, stable=True)[:, : h * w].sort(dim=1).values
-        maps = attention.gather(1, positions).reshape(-1, h, w)
-        return answer[:, 0] - answer[:, 1], maps
+        return attention.gather(1, positions).reshape(-1, h, w)
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, texts: list[str]) -> list[str]:
