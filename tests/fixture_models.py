@@ -52,3 +52,41 @@ class LinearIntensityModel(IntensityModel):
         saliency = self.mix(output.saliency[..., None])[..., 0]
         scores = torch.sigmoid(self.mix(torch.logit(output.scores, eps=1e-6)[..., None])[..., 0])
         return ZeroShotOutput(scores=scores, saliency=saliency)
+
+
+class OracleBoxModel(IntensityModel):
+    """States each finding's ground-truth boxes (read from the dataset's records, mapped into the model input through the
+    batch's affine) and one box for each absent finding (``absent_box``: the input's top-left quarter, or none), with a
+    map that is 1 inside its stated boxes: the stated-box metrics' end-to-end yardstick."""
+
+    STATES_BOXES = True
+
+    def __init__(self, absent_box: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.absent_box = absent_box
+        self.preprocess = Preprocess(resize="crop", size=256)  # half the demo's side: the affine is not the identity
+
+    def batch_output(self, batch):
+        from xbench_pl.data.regions import region_bounds
+        from xbench_pl.judging import StatedBoxes
+
+        output = self.zero_shot(batch.images, batch.classes)
+        dataset, size = self.region_dataset(batch), batch.images.shape[-1]
+        boxes, texts, saliency = [], [], torch.zeros(len(batch.image_ids), len(batch.classes), size, size)
+        for b in range(len(batch.image_ids)):
+            height, width = batch.original_size[b].tolist()
+            sx, sy, tx, ty = batch.affine[b].double().tolist()
+            record = dataset.records[int(batch.index[b])]
+            row = []
+            for c, finding in enumerate(batch.classes):
+                bounds = [r for r in (region_bounds(x, height, width) for x in record.regions.get(finding, [])) if r is not None]
+                stated = [(x0 * sx + tx, y0 * sy + ty, x1 * sx + tx, y1 * sy + ty, 1.0) for x0, y0, x1, y1 in bounds]
+                if not bounds and self.absent_box:
+                    stated = [(0.0, 0.0, size / 2, size / 2, 1.0)]
+                for x0, y0, x1, y1, _ in stated:  # the input pixels whose centre is inside
+                    saliency[b, c, round(y0):round(y1), round(x0):round(x1)] = 1.0
+                row.append(torch.tensor(stated, dtype=torch.float64).reshape(-1, 5))
+            boxes.append(row)
+            texts.append([f"{len(r)} boxes" for r in row])
+        stated = StatedBoxes(boxes, texts, torch.zeros(len(batch.image_ids), len(batch.classes), dtype=torch.bool))
+        return ZeroShotOutput(scores=output.scores, saliency=saliency, stated=stated)

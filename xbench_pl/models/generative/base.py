@@ -66,9 +66,13 @@ def last_query_attention(module, query, key, value, attention_mask, scaling=None
 
 
 def register_attention() -> None:
+    """``LAST_QUERY`` as an attention function, with SDPA's masks (without a mask function of its own, transformers
+    would build it none: padded keys would be attended to)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(LAST_QUERY, last_query_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(LAST_QUERY, sdpa_mask)
 
 
 class GenerativeModel(ZeroShotModel):
@@ -81,7 +85,7 @@ class GenerativeModel(ZeroShotModel):
             tokenizer.
         max_new_tokens: the longest grounding answer generated (None: the family's ``MAX_NEW_TOKENS``, its card's).
         question: the recognition question (``{}``: the finding or phrase).
-        rows_per_forward: (image, finding) prompts per forward and per ``generate`` call (memory).
+        rows_per_forward: the most prompts of one image per forward and per ``generate`` call (memory).
     """
 
     STATES_BOXES = True
@@ -98,6 +102,8 @@ class GenerativeModel(ZeroShotModel):
     RELEASE: dict = {}
     #: the longest grounding answer its card generates (``max_new_tokens``' default)
     MAX_NEW_TOKENS = 128
+    #: whether a forward needs ``position_ids`` from the attention mask (False: the network derives them, Qwen2.5-VL's rope)
+    POSITIONS_FROM_MASK = True
 
     def __init__(self, checkpoint: str | None = None, random_init: bool = False, max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
         super().__init__(**kwargs)
@@ -219,11 +225,18 @@ class GenerativeModel(ZeroShotModel):
         return {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
 
     def rows(self, images: torch.Tensor, classes: list[str]) -> list[tuple[torch.Tensor, list[str]]]:
-        """The (image, text) prompt rows, image-major, in chunks of ``rows_per_forward``: ``(images [n, 3, S, S], texts)``."""
-        b, c = images.shape[0], len(classes)
-        index = [(i, j) for i in range(b) for j in range(c)]
-        return [(images[[i for i, _ in index[s:s + self.rows_per_forward]]], [classes[j] for _, j in index[s:s + self.rows_per_forward]])
-                for s in range(0, len(index), self.rows_per_forward)]
+        """The (image, text) prompt rows, image-major, one image's texts per forward (in chunks of ``rows_per_forward``):
+        ``(images [n, 3, S, S], texts)``. A forward never mixes images, so what a batch holds (1 or N processes, any
+        ``batch_size``) changes no number: its padding and shapes are the image's own."""
+        return [(images[i:i + 1].expand(len(part), -1, -1, -1), part) for i in range(images.shape[0])
+                for part in (classes[s:s + self.rows_per_forward] for s in range(0, len(classes), self.rows_per_forward))]
+
+    def positions(self, attention_mask: torch.Tensor) -> dict:
+        """``position_ids`` that start at 0 on each row's first real token (left padding), as ``generate`` makes them;
+        none for a family whose network derives them from the mask itself (``POSITIONS_FROM_MASK``)."""
+        if not self.POSITIONS_FROM_MASK:
+            return {}
+        return {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_min(0)}
 
     def recognition(self, images: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of the question for each (image, text) row: ``logits [n]`` (log P(yes) - log P(no)) and the maps
@@ -231,7 +244,7 @@ class GenerativeModel(ZeroShotModel):
         inputs = self.encode([self.prompt(self.question.format(text)) for text in texts])
         AttentionRows.collected = []
         try:
-            out = self.network(**inputs, **self.image_inputs(images), use_cache=False)
+            out = self.network(**inputs, **self.positions(inputs["attention_mask"]), **self.image_inputs(images), use_cache=False)
             layers = AttentionRows.collected
         finally:
             AttentionRows.collected = None

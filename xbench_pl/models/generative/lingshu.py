@@ -52,6 +52,7 @@ class Lingshu(GenerativeModel):
     GROUNDING_PROMPT = "Locate the {}, output its bbox coordinates using JSON format."
     RELEASE = {"hub": "lingshu-medical-mllm/Lingshu-7B", "licence": "MIT (per the card; check it)", "transformers": "4.52.4"}
     MAX_NEW_TOKENS = 128
+    POSITIONS_FROM_MASK = False  # Qwen2.5-VL's multimodal rope index reads the attention mask itself
 
     def __init__(self, image_size: PositiveInt | None = None, **kwargs):
         self.image_size = image_size

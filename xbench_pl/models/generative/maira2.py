@@ -171,7 +171,8 @@ class Maira2(GenerativeModel):
         inputs = self.encode([p + a for p, a in zip(prompts, answers)])
         AttentionRows.collected = []
         try:
-            out = self.network(**inputs, **self.image_inputs(torch.cat([images, images])), use_cache=False)
+            out = self.network(**inputs, **self.positions(inputs["attention_mask"]), **self.image_inputs(torch.cat([images, images])),
+                               use_cache=False)
             layers = AttentionRows.collected
         finally:
             AttentionRows.collected = None

@@ -1,0 +1,118 @@
+"""The grounded generative family (``xbench_pl.models.generative``): tiny random configurations of each real
+architecture, built in code, through the benchmark; the stated-box metrics end to end with a model that states the
+ground truth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_cli import in_process, one_and_two_processes
+
+from xbench_pl.metrics.boxes import BOX_KEYS
+from xbench_pl.registry import create_model
+
+FAMILIES = ("maira2", "medgemma", "lingshu", "radvlm")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Each family's tiny random model (short answers: the grounding path runs, the runs stay quick)."""
+    return {name: create_model(name, random_init=True, max_new_tokens=8) for name in FAMILIES}
+
+
+def images(model, n=1, seed=0):
+    size = model.preprocess.size
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_map_is_the_last_querys_attention_as_eager_attention_gives_it(tiny, name):
+    """The map read by ``last_query_attention`` (SDPA for the layers' outputs, the last query row's weights beside
+    them) equals transformers' eager attention weights of that row, averaged over layers and heads, at the image
+    tokens; the logits are the same forward's."""
+    model = tiny[name]
+    x = images(model)
+    ours = model.zero_shot(x, ["Nodule", "Pleural effusion"])
+    model.network.set_attn_implementation({"text_config": "eager"})
+    try:
+        texts = ["Nodule", "Pleural effusion"]
+        inputs = model.encode([model.prompt(model.question.format(t)) for t in texts])
+        with torch.no_grad():
+            out = model.network(**inputs, **model.positions(inputs["attention_mask"]), **model.image_inputs(x.expand(2, -1, -1, -1)),
+                                output_attentions=True, use_cache=False)
+    finally:
+        from xbench_pl.models.generative.base import LAST_QUERY
+
+        model.network.set_attn_implementation({"text_config": LAST_QUERY})
+    if name == "maira2":  # its score is a likelihood contrast: the map is the positive answer's, checked below
+        return
+    last = torch.stack([a[:, :, -1] for a in out.attentions]).mean(dim=(0, 2))
+    expected = model.image_attention(last, inputs["input_ids"])
+    assert torch.allclose(ours.saliency[0], expected, atol=1e-6, rtol=1e-5)
+    answer = out.logits[:, -1, list(model.answer_ids)].float().log_softmax(-1)
+    assert torch.allclose(ours.logits[0], answer[:, 0] - answer[:, 1], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_findings_answer_does_not_depend_on_the_other_prompts_of_its_forward(tiny, name):
+    """Left padding with the mask's positions: a finding queried alone or beside a longer text gets the same score,
+    map and generated text (to float32 round-off)."""
+    model = tiny[name]
+    x = images(model, seed=1)
+    alone = model.zero_shot(x, ["Nodule"])
+    padded = model.zero_shot(x, ["Nodule", "a much longer phrase about a left pleural effusion"])
+    assert abs(float(alone.logits[0, 0] - padded.logits[0, 0])) < 1e-5
+    assert torch.allclose(alone.saliency[0, 0], padded.saliency[0, 0], atol=1e-7)
+    assert alone.stated.texts[0][0] == padded.stated.texts[0][0]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_runs_the_benchmark_and_writes_the_box_keys(tmp_path, name):
+    result = in_process("test", "--model", name, "--model.random_init", "true", "--model.max_new_tokens", "8",
+                        "--model.bootstrap", "20", "--data", "ms_cxr_demo", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RANDOM weights" in result.stderr and "stand-in tokenizer" in result.stderr
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    table = report["datasets"]["ms_cxr_demo"]
+    assert set(BOX_KEYS) <= set(table["mean"])
+    assert 0 <= table["mean"]["parse_failure_rate"] <= 1 and table["mean"]["box_miou"] is not None
+    assert "parse_failure_rate" in table["ci"]["mean"]
+    assert report["random_weights"] is True
+
+
+@pytest.mark.ddp_pair
+def test_one_and_two_processes_give_identical_metrics(tmp_path):
+    """Each forward holds one image's prompts (``GenerativeModel.rows``), so how the images fall into batches and
+    processes changes no number."""
+    a, b, _ = one_and_two_processes(tmp_path, "test", "--model", "lingshu", "--model.random_init", "true",
+                                    "--model.max_new_tokens", "6", "--model.bootstrap", "20", "--data", "ms_cxr_demo",
+                                    "--data.batch_size", "3", "--trainer.accelerator", "cpu")
+    assert json.dumps(a) == json.dumps(b)
+
+
+def test_a_model_that_states_the_ground_truth_scores_one(tmp_path):
+    """The oracle states every finding's ground-truth boxes in model-input pixels (``fixture_models.OracleBoxModel``):
+    mapped back through the affine and judged, every box metric is perfect, whatever the crop of the input."""
+    result = in_process("test", "--model", "fixture_models.OracleBoxModel", "--model.bootstrap", "0", "--data", "demo",
+                        "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    mean = json.loads((tmp_path / "metrics.json").read_text())["datasets"]["demo"]["mean"]
+    assert mean["box_acc@0.5"] == 1 and mean["box_miou"] == pytest.approx(1, abs=1e-9)
+    assert mean["box_precision"] == 1 and mean["box_recall"] == 1
+    assert mean["box_map50"] == pytest.approx(1) and mean["box_map"] == pytest.approx(1)
+    assert mean["parse_failure_rate"] == 0 and mean["box_absent_drawn"] == 0
+    # the map is 1 inside its boxes: its maximum always is; its mass leaks only by the warp's bilinear rim
+    assert mean["self_consistency_pg"] == 1 and 0.85 < mean["self_consistency_mass"] < 1
+
+
+def test_a_box_drawn_for_an_absent_finding_is_counted(tmp_path):
+    result = in_process("test", "--model", "fixture_models.OracleBoxModel", "--model.absent_box", "true", "--model.bootstrap", "0",
+                        "--data", "demo", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads((tmp_path / "metrics.json").read_text())["datasets"]["demo"]
+    assert table["mean"]["box_absent_drawn"] == 1
+    assert table["mean"]["box_acc@0.5"] == 1  # the findings present are still found
+    # a stated box on an image without the finding is a false positive of that finding's mAP
+    assert table["mean"]["box_map50"] < 1
