@@ -116,3 +116,21 @@ def test_a_box_drawn_for_an_absent_finding_is_counted(tmp_path):
     assert table["mean"]["box_acc@0.5"] == 1  # the findings present are still found
     # a stated box on an image without the finding is a false positive of that finding's mAP
     assert table["mean"]["box_map50"] < 1
+
+
+def test_the_store_keeps_the_boxes_and_texts_and_rescores_to_the_runs_numbers(tmp_path):
+    """``--predictions``: the stated boxes and raw texts go into the shards; ``score`` of the store gives the run's
+    metrics, box keys included."""
+    store = tmp_path / "store"
+    run = in_process("test", "--model", "radvlm", "--model.random_init", "true", "--model.max_new_tokens", "8", "--model.bootstrap", "0",
+                     "--data", "ms_cxr_demo", "--predictions", str(store), "--predictions_dtype", "float32", "--out", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    from xbench_pl.prediction_store import Store
+
+    shards = Store(store).load_intact()
+    stated = shards[0]["stated"]
+    assert len(stated.texts) == len(shards[0]["image_ids"]) and all(isinstance(t, str) for row in stated.texts for t in row)
+    rescored = in_process("score", "--predictions", str(store), "--out", str(tmp_path / "rescored"))
+    assert rescored.returncode == 0, rescored.stderr[-3000:]
+    a, b = (json.loads((tmp_path / name / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for name in ("run", "rescored"))
+    assert set(BOX_KEYS) <= set(b["mean"]) and a["mean"] == b["mean"] and a["classes"] == b["classes"]

@@ -56,11 +56,35 @@ class StatedBoxes:
             raise ValueError(f"StatedBoxes: boxes and texts must be [{b}][{c}] like failed")
 
     @staticmethod
-    def joined(parts: list[StatedBoxes], order: torch.Tensor) -> StatedBoxes:
-        """``parts`` one after the other, then their rows in ``order``."""
-        rows = order.tolist()
+    def joined(parts: list[StatedBoxes], order: torch.Tensor | None = None) -> StatedBoxes:
+        """``parts`` one after the other, then (``order``) their rows in that order."""
         boxes, texts = [r for p in parts for r in p.boxes], [r for p in parts for r in p.texts]
-        return StatedBoxes([boxes[i] for i in rows], [texts[i] for i in rows], torch.cat([p.failed for p in parts])[order.cpu()])
+        failed = torch.cat([p.failed.cpu() for p in parts])
+        if order is None:
+            return StatedBoxes(boxes, texts, failed)
+        rows = order.tolist()
+        return StatedBoxes([boxes[i] for i in rows], [texts[i] for i in rows], failed[order.cpu()])
+
+    def rows(self, index: torch.Tensor) -> StatedBoxes:
+        """The images ``index`` (``[n]`` positions) of these statements."""
+        rows = index.tolist()
+        return StatedBoxes([self.boxes[i] for i in rows], [self.texts[i] for i in rows], self.failed.cpu()[index.cpu()])
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """As a prediction store keeps them: ``stated_boxes [M, 5]`` float64 (every box, image-major then finding, in the
+        order stated), ``stated_counts [B, C]`` int64 (boxes per pair) and ``stated_failed [B, C]`` uint8."""
+        flat = [pair.double().reshape(-1, 5).cpu() for row in self.boxes for pair in row]
+        b, c = self.failed.shape
+        return {"stated_boxes": torch.cat(flat) if flat else torch.zeros(0, 5, dtype=torch.float64),
+                "stated_counts": torch.tensor([p.shape[0] for p in flat], dtype=torch.long).reshape(b, c),
+                "stated_failed": self.failed.cpu().to(torch.uint8)}
+
+    @staticmethod
+    def from_arrays(boxes: torch.Tensor, counts: torch.Tensor, failed: torch.Tensor, texts: list[list[str]]) -> StatedBoxes:
+        """The inverse of ``arrays`` (with the raw ``texts``)."""
+        pairs = list(torch.split(boxes.double().reshape(-1, 5), counts.flatten().tolist()))
+        c = counts.shape[1]
+        return StatedBoxes([pairs[i * c:(i + 1) * c] for i in range(counts.shape[0])], [list(row) for row in texts], failed.bool())
 
 
 @dataclass

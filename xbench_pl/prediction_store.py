@@ -22,6 +22,11 @@ answer to warp the maps to the eval grid and feed ``BenchmarkMetrics`` (``replay
 judging, ``Judge.update_metrics``). Regions are not stored: they come from the dataset, rasterised on the eval grid of whatever
 ``--data.eval_size`` re-scoring asks for.
 
+A model that states boxes (a grounded generative model: ``judging.StatedBoxes``) adds ``stated_boxes [M, 5]`` (float64:
+every box in model-input pixels with its confidence, image-major then finding, in the order stated),
+``stated_counts [N, C]`` (int64, boxes per pair) and ``stated_failed [N, C]`` (uint8: the answer did not parse), and in
+the metadata ``stated_texts`` (JSON: the raw generated text of every pair); a replay judges those boxes as the run did.
+
 A shard file (format 2) is a safetensors file: the five arrays as tensors, and in its string
 metadata ``format`` (``SHARD_FORMAT``), ``dataset``, ``classes`` and ``image_ids`` (JSON lists),
 ``input_size``, ``saliency_dtype`` and ``sha256``: the SHA-256 of the whole file with those 64 hex
@@ -62,6 +67,8 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 #: a shard's arrays: name -> dtype in the file (``saliency``: the store's dtype), largest items first (aligned)
 ARRAYS = {"scores": torch.float64, "affine": torch.float64, "original_size": torch.int64, "saliency": None,
           "labels": torch.uint8}
+#: a model that states boxes (``judging.StatedBoxes.arrays``; its raw texts in the metadata's ``stated_texts``)
+STATED_ARRAYS = {"stated_boxes": torch.float64, "stated_counts": torch.int64, "stated_failed": torch.uint8}
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.int64: "I64", torch.float32: "F32", torch.float16: "F16",
                        torch.uint16: "U16", torch.uint8: "U8"}
 _NO_DIGEST = "0" * 64
@@ -108,14 +115,17 @@ def encode_shard(shard: dict) -> bytes:
     if saliency.dtype not in names:
         raise ValueError(f"saliency dtype {saliency.dtype} is none of {sorted(DTYPES)}")
     arrays = {}
-    for name, dtype in ARRAYS.items():
-        value = shard[name].detach().cpu()
+    stated = shard.get("stated")
+    for name, dtype in {**ARRAYS, **(STATED_ARRAYS if stated is not None else {})}.items():
+        value = (stated.arrays()[name] if name in STATED_ARRAYS else shard[name]).detach().cpu()
         value = value.view(torch.uint16) if name == "saliency" and value.dtype == torch.bfloat16 else value.to(dtype or value.dtype)
         arrays[name] = value.contiguous()
     metadata = {"format": SHARD_FORMAT, "dataset": str(shard["dataset"]), "classes": json.dumps(list(shard["classes"]), separators=(",", ":")),
                 "image_ids": json.dumps(list(shard["image_ids"]), separators=(",", ":")), "input_size": str(int(shard["input_size"])),
                 "saliency_dtype": names[saliency.dtype], "sha256": _NO_DIGEST}
-    buffers = [memoryview(a.numpy()).cast("B") for a in arrays.values()]
+    if stated is not None:
+        metadata["stated_texts"] = json.dumps(stated.texts, separators=(",", ":"))
+    buffers = [memoryview(a.numpy()).cast("B") if a.numel() else memoryview(b"") for a in arrays.values()]  # (no box stated)
     digest = hashlib.sha256(_header(arrays, metadata))
     for buffer in buffers:
         digest.update(buffer)
@@ -153,9 +163,14 @@ def decode_shard(data: bytes) -> dict:
     tensors = safetensors.torch.load(data)
     if metadata["saliency_dtype"] == "bfloat16":
         tensors["saliency"] = tensors["saliency"].view(torch.bfloat16)
-    return {"dataset": metadata["dataset"], "classes": json.loads(metadata["classes"]),
-            "image_ids": json.loads(metadata["image_ids"]), "input_size": int(metadata["input_size"]),
-            **{name: tensors[name] for name in ARRAYS}}
+    out = {"dataset": metadata["dataset"], "classes": json.loads(metadata["classes"]),
+           "image_ids": json.loads(metadata["image_ids"]), "input_size": int(metadata["input_size"]),
+           **{name: tensors[name] for name in ARRAYS}}
+    if "stated_texts" in metadata:
+        from xbench_pl.judging import StatedBoxes
+
+        out["stated"] = StatedBoxes.from_arrays(*(tensors[name] for name in STATED_ARRAYS), json.loads(metadata["stated_texts"]))
+    return out
 
 
 def decode_legacy_shard(data: bytes) -> dict:

@@ -24,9 +24,10 @@ class Replayer(Judge):
     ``replay`` feeds it batches rebuilt from a store, judged exactly as in the run that made them; ``settings``:
     ``Judge``'s arguments (``judging.judge_settings`` of that run)."""
 
-    def __init__(self, device: torch.device | str = "cpu", **settings):
+    def __init__(self, device: torch.device | str = "cpu", states_boxes: bool = False, **settings):
         super().__init__(**settings)
         self.device = torch.device(device)
+        self.STATES_BOXES = states_boxes  # a store of a model that states boxes: its datasets get the box keys
 
 
 def images_per_update(chunk: int, classes: int, height: int, width: int) -> int:
@@ -78,17 +79,19 @@ def replay(judge: Judge, dataset, shard: dict, skip: set | None = None, chunk: i
             region_index=torch.cat(region_index).to(device),
             index=torch.tensor([position[i] for i in ids], device=device), counted=torch.ones(n, dtype=torch.bool, device=device),
         )
-        answer = ZeroShotOutput(scores=shard["scores"][part].to(device), saliency=shard["saliency"][part].to(device))
+        answer = ZeroShotOutput(scores=shard["scores"][part].to(device), saliency=shard["saliency"][part].to(device),
+                                stated=shard["stated"].rows(part) if "stated" in shard else None)
         with torch.inference_mode():
             judge.update_metrics(batch, answer)
         fed += ids
     return fed
 
 
-def metrics_replayer(datamodule: XBenchData, device: torch.device | str = "cpu", **settings) -> Replayer:
-    """A ``Replayer`` (``Judge``'s ``settings``) on ``device`` holding the metrics of every dataset of ``datamodule``,
-    created in the order a test run creates them."""
-    replayer = Replayer(device=device, **settings)
+def metrics_replayer(datamodule: XBenchData, device: torch.device | str = "cpu", states_boxes: bool = False,
+                     **settings) -> Replayer:
+    """A ``Replayer`` (``Judge``'s ``settings``; ``states_boxes``: with the stated-box metrics) on ``device`` holding the
+    metrics of every dataset of ``datamodule``, created in the order a test run creates them."""
+    replayer = Replayer(device=device, states_boxes=states_boxes, **settings)
     for spec in datamodule.dataset_specs:
         replayer.add_dataset(spec.name, spec.classes)
     return replayer
@@ -105,7 +108,7 @@ def replay_store(store: Store, datamodule: XBenchData, metrics: dict, chunk: int
     """A ``Replayer`` whose ``benchmark`` holds every dataset's metrics fed from the store, on ``device``; ``metrics``:
     ``Judge``'s arguments (``judging.judge_settings``) to evaluate with."""
     good = store.load_intact()
-    replayer = metrics_replayer(datamodule, device, **metrics)
+    replayer = metrics_replayer(datamodule, device, states_boxes=any("stated" in shard for shard in good), **metrics)
     for child in datamodule.datamodules:
         dataset = XBenchDataset(child.name, child.prepare_records(), child.classes, None, child.eval_size)
         seen: set[str] = set()

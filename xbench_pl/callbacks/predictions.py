@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from xbench_pl.console import note
 from xbench_pl.outputs import OutputError, write_failure
 from xbench_pl.prediction_store import DTYPES, Store, StoreError, check_same_config, manifest
-from xbench_pl.judging import judge_settings
+from xbench_pl.judging import StatedBoxes, judge_settings
 from xbench_pl.predictions import replay
 from xbench_pl.registry import qualified_name
 
@@ -182,6 +182,7 @@ class PredictionWriter(Callback):
             "original_size": batch.original_size[keep.to(batch.original_size.device)].cpu().long(),
             "labels": batch.labels[keep.to(batch.labels.device)].cpu().to(torch.uint8),
             "input_size": int(batch.images.shape[-1]),
+            "stated": None if output.stated is None else output.stated.rows(keep),
         })
         self.buffered[batch.dataset] = self.buffered.get(batch.dataset, 0) + len(keep)
         if self.buffered[batch.dataset] >= self.shard_images:
@@ -203,6 +204,8 @@ class PredictionWriter(Callback):
             "image_ids": [i for part in parts for i in part["image_ids"]],
             **{k: torch.cat([part[k] for part in parts]) for k in ("scores", "saliency", "affine", "original_size", "labels")},
         }
+        if parts[0]["stated"] is not None:  # the boxes a model stated and its raw answers
+            shard["stated"] = StatedBoxes.joined([part["stated"] for part in parts])
         name = f"{_safe(dataset)}-rank{trainer.global_rank}-{self.token}-{self.written:05d}"
         with writing(self.store):
             self.store.write_shard(name, shard)
