@@ -214,3 +214,45 @@ def test_help_names_the_file_format(capsys):
 def test_a_flag_without_its_value_is_named(capsys):
     assert main(["score", "--data", "demo", "--boxes"]) == 2
     assert capsys.readouterr().err.strip() == "error: --boxes needs a value: score --boxes FILE --data NAME"
+
+
+def test_the_stated_box_metrics_of_a_box_file_equal_torchmetrics_map(truth, tmp_path, capsys):
+    """``score --boxes`` judges the boxes themselves with the generative family's box metrics (``metrics.boxes``): the
+    ground truth kept for half the findings, shifted for the others, plus a spurious box with a lower confidence; each
+    finding's ``box_map50``/``box_map`` equals torchmetrics' ``MeanAveragePrecision`` on the same boxes."""
+    from torchmetrics.detection import MeanAveragePrecision
+
+    rows = []
+    for n, row in enumerate(truth):
+        shift = 0.0 if n % 2 == 0 else 0.4 * (row["x_max"] - row["x_min"])
+        rows.append({**row, "x_min": row["x_min"] + shift, "x_max": row["x_max"] + shift, "confidence": 0.9})
+        if n % 3 == 0:
+            rows.append({**row, "x_min": 1.0, "y_min": 1.0, "x_max": 40.0, "y_max": 40.0, "confidence": 0.3})
+    code, table, err = score(capsys, write_csv(tmp_path / "boxes.csv", rows, ["confidence"]), tmp_path / "out")
+    assert code == 0, err
+    from xbench_pl.external_maps import finding_name
+    from xbench_pl.metrics.resampling import image_key
+
+    for finding in {row["finding"] for row in truth}:
+        ours = table["classes"][finding_name(finding, "demo", list(table["classes"]))]  # NIH's spellings (Infiltrate)
+        metric = MeanAveragePrecision(iou_type="bbox")
+        # in the metrics' image order (image_key): COCO breaks ties between equal confidences by the order of the images
+        images = sorted({r["image_id"] for r in truth if r["finding"] == finding} | {r["image_id"] for r in rows if r["finding"] == finding},
+                        key=image_key)
+        corners = lambda r: [r["x_min"], r["y_min"], r["x_max"], r["y_max"]]  # noqa: E731
+        preds = [{"boxes": torch.tensor([corners(r) for r in rows if r["image_id"] == i and r["finding"] == finding]).reshape(-1, 4),
+                  "scores": torch.tensor([r["confidence"] for r in rows if r["image_id"] == i and r["finding"] == finding]),
+                  "labels": torch.zeros(sum(r["image_id"] == i and r["finding"] == finding for r in rows), dtype=torch.long)}
+                 for i in images]
+        targets = [{"boxes": torch.tensor([corners(r) for r in truth if r["image_id"] == i and r["finding"] == finding]).reshape(-1, 4),
+                    "labels": torch.zeros(sum(r["image_id"] == i and r["finding"] == finding for r in truth), dtype=torch.long)}
+                   for i in images]
+        metric.update(preds, targets)
+        expected = metric.compute()
+        assert ours["box_map50"] == pytest.approx(float(expected["map_50"]), abs=1e-6), finding
+        assert ours["box_map"] == pytest.approx(float(expected["map"]), abs=1e-6), finding
+        # kept boxes are found, boxes shifted by 0.4 of their width are not (IoU 0.6 / 1.4 < 0.5): one box per pair here
+        kept = [n % 2 == 0 for n, r in enumerate(truth) if r["finding"] == finding]
+        assert ours["box_acc@0.5"] == pytest.approx(sum(kept) / len(kept)), finding
+        assert ours["box_miou"] == pytest.approx((sum(kept) + (len(kept) - sum(kept)) * 0.6 / 1.4) / len(kept), abs=1e-9)
+    assert table["mean"]["parse_failure_rate"] == 0

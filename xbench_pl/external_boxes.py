@@ -19,6 +19,10 @@ whole image.
 
 Recognition of a pair: its ``score``; else the maximum confidence of its boxes; a pair without a row
 scores 0 either way. Without both columns the run is grounding-only (recognition keys null).
+
+The boxes themselves are judged too, as a grounded generative model's (``metrics.boxes``, the same code): box accuracy
+at IoU 0.5, best-match IoU, RadFact's box precision/recall, COCO mAP (each box scored by its ``confidence``, 1
+without), boxes drawn for absent findings, and the self-consistency of the box map with its own boxes.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from xbench_pl.data.base import Record, XBenchData, XBenchDataset
 from xbench_pl.data.errors import DataError
 from xbench_pl.data.regions import Box
 from xbench_pl.external_maps import finding_name, replay_items
+from xbench_pl.judging import StatedBoxes
 from xbench_pl.predictions import Replayer, images_per_update
 
 BOX_COLUMNS = ("image_id", "finding", "x_min", "y_min", "x_max", "y_max")
@@ -240,6 +245,14 @@ def pair_scores(rows: list[BoxRow], recognition: str | None) -> dict[tuple[str, 
     return scores
 
 
+def stated_in_input(boxes: list[tuple[Box, float]], affine: list[float]) -> torch.Tensor:
+    """A pair's boxes ``[n, 5]`` (corners in the input ``affine`` places the original in, and confidence): what the
+    stated-box metrics (``metrics.boxes``) map back to the original through the same affine."""
+    sx, sy, tx, ty = affine
+    return torch.tensor([(b.x0 * sx + tx, b.y0 * sy + ty, b.x1 * sx + tx, b.y1 * sy + ty, c) for b, c in boxes],
+                        dtype=torch.float64).reshape(-1, 5)
+
+
 def score_boxes(child: XBenchData, records: list[Record], sizes: dict[str, tuple[int, int]], rows: list[BoxRow],
                 recognition: str | None, replayer: Replayer, chunk: int) -> bool:
     """Feed one dataset's box maps into ``replayer``, every evaluated image (one without a box has zero maps);
@@ -264,7 +277,9 @@ def score_boxes(child: XBenchData, records: list[Record], sizes: dict[str, tuple
             items.append((record.image_id, (height, width), torch.from_numpy(np.stack(maps)),
                           [scores.get((record.image_id, c), missing) for c in classes]))
         affine = [eval_grid_affine(*sizes[r.image_id], size) for r in part]
-        scored &= replay_items(replayer, dataset, items, size, affine, chunk)
+        stated = StatedBoxes([[stated_in_input(boxes.get((r.image_id, c), []), a) for c in classes] for r, a in zip(part, affine)],
+                             [[""] * len(classes) for _ in part], torch.zeros(len(part), len(classes), dtype=torch.bool))
+        scored &= replay_items(replayer, dataset, items, size, affine, chunk, stated)
         progress.step(len(part))
     return scored
 

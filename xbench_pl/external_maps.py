@@ -234,15 +234,19 @@ def score_dataset(child: XBenchData, maps: Path, files: list[tuple[str, str, Pat
     return len(kept), all_scored
 
 
-def replay_items(replayer: Replayer, dataset: XBenchDataset, items: list, size: int, affine: list, chunk: int) -> bool:
+def replay_items(replayer: Replayer, dataset: XBenchDataset, items: list, size: int, affine: list, chunk: int,
+                 stated=None) -> bool:
     """Feed ``items``, ``(image_id, (H, W), maps [C, h, w], scores [C] with NaN for none)`` per image, each map
     spanning a ``size`` square input placed by its ``affine`` ``(sx, sy, tx, ty)``, into ``replayer`` as one shard
-    (``predictions.replay``); returns whether every pair had a score (a missing one is fed as 0.5)."""
+    (``predictions.replay``; ``stated``: the images' ``judging.StatedBoxes``, in that input's pixels); returns whether
+    every pair had a score (a missing one is fed as 0.5)."""
     score_rows = torch.tensor([row for *_, row in items], dtype=torch.float64)  # scores.csv text and pickled floats: exact
     shard = {"classes": list(dataset.classes), "image_ids": [i for i, *_ in items], "input_size": size,
              "original_size": torch.tensor([s for _, s, _, _ in items]),
              "affine": torch.tensor(affine, dtype=torch.float64),
              "scores": torch.nan_to_num(score_rows, nan=0.5), "saliency": torch.stack([m for *_, m, _ in items])}
+    if stated is not None:
+        shard["stated"] = stated
     replay(replayer, dataset, shard, chunk=chunk)
     return not bool(torch.isnan(score_rows).any())
 

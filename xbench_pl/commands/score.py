@@ -284,12 +284,13 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
                            args=args)
 
 
-def external_replayer(run: SimpleNamespace):
-    """The datamodule of ``run`` (``external_run``) and a ``Replayer`` holding its metrics, as asked."""
+def external_replayer(run: SimpleNamespace, states_boxes: bool = False):
+    """The datamodule of ``run`` (``external_run``) and a ``Replayer`` holding its metrics, as asked (``states_boxes``:
+    with the stated-box metrics)."""
     from xbench_pl.predictions import metrics_replayer
 
     datamodule = run.dataset_class(**run.chosen)
-    return datamodule, metrics_replayer(datamodule, **run.metrics, **run.settings)
+    return datamodule, metrics_replayer(datamodule, states_boxes=states_boxes, **run.metrics, **run.settings)
 
 
 def publish_external(run: SimpleNamespace, started: float, key: str, datamodule, replayer, scored: dict[str, bool],
@@ -369,7 +370,7 @@ def score_boxes(argv: list[str]) -> int:
     from xbench_pl.external_boxes import score_box_file
 
     try:
-        datamodule, replayer = external_replayer(run)
+        datamodule, replayer = external_replayer(run, states_boxes=True)
         scored = score_box_file(run.source, datamodule, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -24,7 +24,9 @@ on the dataset's draws like every pair key):
 Per dataset and finding (after the sync, from every stated and ground-truth box, sorted by image: the same order on 1
 or N processes): ``box_map50`` and ``box_map``, torchmetrics' ``MeanAveragePrecision(iou_type="bbox")`` ``map_50`` and
 ``map`` (COCO, IoU 0.5 and 0.5:0.95) of that finding's boxes over all the dataset's images, each stated box scored by
-its confidence (1 where the model gives none); undefined for a finding without a ground-truth box. The mean row is
+its confidence (1 where the model gives none), the images in the order of their keys (``resampling.image_key``: COCO
+breaks ties between equal confidences by image order, so a fixed order makes the value one number); undefined for a
+finding without a ground-truth box. The mean row is
 the mean over the findings where it is defined, which is COCO's mean over categories with ground truth. No bootstrap
 interval (a COCO evaluation per replicate).
 """
