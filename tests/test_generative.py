@@ -134,3 +134,12 @@ def test_the_store_keeps_the_boxes_and_texts_and_rescores_to_the_runs_numbers(tm
     assert rescored.returncode == 0, rescored.stderr[-3000:]
     a, b = (json.loads((tmp_path / name / "metrics.json").read_text())["datasets"]["ms_cxr_demo"] for name in ("run", "rescored"))
     assert set(BOX_KEYS) <= set(b["mean"]) and a["mean"] == b["mean"] and a["classes"] == b["classes"]
+
+
+def test_maira2_crops_as_the_releases_processor_floors_the_offset(tiny):
+    """transformers' ``center_crop`` (the release's ``BitImageProcessor``) floors the crop offset: a 3000 x 2000 image
+    resized to 777 x 518 is cut at x = 129, where torchvision's ``CenterCrop`` would round to 130."""
+    preprocess = tiny["maira2"].preprocess
+    side = preprocess.size
+    _, (_, _, tx, _) = type(preprocess)(**{**preprocess.__dict__, "size": 518}).plan(2000, 3000)
+    assert preprocess.crop_offset == "floor" and side == 56 and tx == -129

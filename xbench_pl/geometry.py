@@ -49,6 +49,9 @@ class Preprocess:
         canvas to ``size x size`` with ``interpolation`` and never antialiased (torch's
         ``F.interpolate``, as torchvision's ``Resize`` on tensors before 0.17): CheXzero stores
         its images letterboxed at 320 and resizes those tensors to its 224-pixel ViT.
+    crop_offset:
+        how a centre crop's offset is rounded: ``"round"`` (torchvision's ``CenterCrop``) or ``"floor"``
+        (transformers' image processors, ``image_transforms.center_crop``: ``(new - size) // 2``).
     antialias:
         resample as PIL does (torchvision's ``Resize`` on PIL images): when shrinking, the
         bilinear/bicubic kernel widens with the scale factor. Without it cv2 reads only the
@@ -63,6 +66,7 @@ class Preprocess:
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     antialias: bool = False
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         if self.resize not in ("squash", "crop", "letterbox", "letterbox_resize"):
@@ -80,6 +84,8 @@ class Preprocess:
             raise ValueError(f"Preprocess.interpolation must be one of {sorted(_INTERPOLATION)}")
         if self.antialias and self.interpolation not in ("bilinear", "bicubic"):
             raise ValueError("Preprocess.antialias needs interpolation 'bilinear' or 'bicubic'")
+        if self.crop_offset not in ("round", "floor"):
+            raise ValueError(f"Preprocess.crop_offset must be round or floor, got {self.crop_offset!r}")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError("Preprocess.mean and .std need 3 values (the image is fed as RGB)")
 
@@ -107,8 +113,8 @@ class Preprocess:
             ops.append(A.Lambda(image=partial(resize_tensor, size=size, mode=self.interpolation)))
             zoom = size / self.canvas
             return ops, (ops[0].width / width * zoom, ops[0].height / height * zoom, pad_x * zoom, pad_y * zoom)
-        crop_x = int(round((new_w - size) / 2.0))
-        crop_y = int(round((new_h - size) / 2.0))
+        offset = (lambda extra: extra // 2) if self.crop_offset == "floor" else (lambda extra: int(round(extra / 2.0)))
+        crop_x, crop_y = offset(new_w - size), offset(new_h - size)
         if (new_h, new_w) != (size, size):
             ops.append(A.Crop(crop_x, crop_y, crop_x + size, crop_y + size))
         affine = (ops[0].width / width, ops[0].height / height, float(pad_x - crop_x), float(pad_y - crop_y))

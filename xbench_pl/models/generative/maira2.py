@@ -8,8 +8,9 @@ is that subclass, built from transformers' own Llava, DINOv2 and Llama classes; 
 layout: ``vision_tower.``, ``multi_modal_projector.``, ``language_model.model.``, ``language_model.lm_head.``, DINOv2's
 ``attention.attention.query``) are renamed by ``checkpoint_filter``.
 
-Input: the shortest side resized to 518 (bicubic) and the centre 518 x 518 cropped (``crop``), mean/std
-0.5307/0.2583 (the release's image processor). Not reproduced: the processor's grey min-max stretch of each image
+Input: the shortest side resized to 518 (bicubic; the long side truncated) and the centre 518 x 518 cropped with the
+offset floored (``crop``, ``crop_offset="floor"``), mean/std 0.5307/0.2583: the release's image processor
+(transformers' ``BitImageProcessor``). Not reproduced: the processor's grey min-max stretch of each image
 before normalisation (the loaders here scale by the file's bit depth).
 
 Prompt: the release's chat template for phrase grounding (``processing_maira2.py``,
@@ -20,7 +21,8 @@ ASSISTANT: ", the image token expanded to the 1,369 features, after the Llama to
 greedy, as the card. Boxes: ``<obj>phrase<box><xA><yB><xC><yD></box></obj>`` with 100 bins per axis read at their
 centres on the 518-pixel crop (``parsing.maira2_boxes``), mapped to the original image through the crop's affine:
 the exact inverse of the resize and crop, where the authors' ``adjust_box_for_original_image_size`` truncates to whole
-original pixels and takes the crop offset in original pixels (they differ by at most about one original pixel).
+original pixels and takes the crop offset in original pixels: they differ by less than one original pixel plus half an
+input pixel of offset (1.9 original pixels on a 3000 x 2000 image; tests/test_generative_parsing.py).
 
 Recognition: MAIRA-2 answers no questions, so its score is a likelihood contrast in its own output format: the
 log-probability of the grounded answer ``<obj>{finding}`` against ``<obj>No {finding}`` after the grounding prompt
@@ -145,7 +147,8 @@ class Maira2(GenerativeModel):
 
     def input_preprocess(self) -> Preprocess:
         size = self.network.config.vision_config.image_size
-        return Preprocess(resize="crop", size=size, interpolation="bicubic", antialias=True, mean=RELEASE_MEAN, std=RELEASE_STD)
+        return Preprocess(resize="crop", size=size, interpolation="bicubic", antialias=True, mean=RELEASE_MEAN, std=RELEASE_STD,
+                          crop_offset="floor")  # transformers' center_crop, as the release's BitImageProcessor
 
     def image_grid(self) -> tuple[int, int]:
         side = self.preprocess.size // self.network.config.vision_config.patch_size
