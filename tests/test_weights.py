@@ -309,6 +309,8 @@ def test_pull_places_every_released_models_files_where_test_by_name_reads_them(t
     try:
         for number, source in enumerate(sources.values()):
             files = {name: payload(100 + number, 64) + name.encode() for name in source.files}
+            if source.shards:  # a sharded release: its index names two shards
+                files.update(sharded_release(number))
             if source.kind == "hub":
                 served.hub[source.where] = files
             elif source.kind == "drive_folder":
@@ -335,3 +337,41 @@ def test_pull_places_every_released_models_files_where_test_by_name_reads_them(t
             for path in (json.loads(value) if value.startswith("[") else [value]):
                 assert Path(path).exists() and cache in Path(path).parents, (model, path)
     assert weights(served, "verify", cache=cache).returncode == 0
+
+
+def sharded_release(seed: int) -> dict[str, bytes]:
+    """A sharded release's index and its two shards (placeholder bytes), as save_pretrained lays them out."""
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    index = {"metadata": {"total_size": 128}, "weight_map": {"a.weight": shards[0], "b.weight": shards[1], "c.bias": shards[1]}}
+    return {"model.safetensors.index.json": json.dumps(index).encode(), **{n: payload(seed * 10 + i, 64) for i, n in enumerate(shards)}}
+
+
+def test_a_sharded_release_pulls_the_shards_its_index_names_and_locks_each(hosts, tmp_path):
+    """The generative models' releases: the index first, then every shard of its weight_map, each checked and locked;
+    ``verify`` names a changed shard; a gated release is refused in one line saying how to get access."""
+    repo = "lingshu-medical-mllm/Lingshu-7B"
+    files = {"config.json": b"{}", "tokenizer.json": b"{}", "tokenizer_config.json": b"{}", **sharded_release(7)}
+    hosts.hub[repo] = files
+    cache = tmp_path / "cache"
+    result = weights(hosts, "pull", "lingshu", cache=cache)
+    assert result.returncode == 0, result.stderr
+    for name, data in files.items():
+        assert (cache / "lingshu" / name).read_bytes() == data, name
+    lock = json.loads((cache / "weights.lock.json").read_text())["lingshu"]["files"]
+    assert set(lock) == set(files) and lock["model-00002-of-00002.safetensors"]["sha256"] == sha(files["model-00002-of-00002.safetensors"])
+    shard = cache / "lingshu" / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"x" + shard.read_bytes()[1:])
+    verified = weights(hosts, "verify", "lingshu", cache=cache)
+    assert verified.returncode == 2 and str(shard) in said(verified.stdout + verified.stderr)
+    hosts.gated["google/medgemma-4b-it"], hosts.hub["google/medgemma-4b-it"] = 403, {}
+    gated = weights(hosts, "pull", "medgemma", cache=cache)
+    assert gated.returncode == 2 and gated.stderr.count("error:") == 1, gated.stderr
+    assert "refused (HTTP 403)" in said(gated.stderr) and "https://huggingface.co/google/medgemma-4b-it" in said(gated.stderr)
+
+
+def test_an_index_that_is_not_one_is_named(hosts, tmp_path):
+    hosts.hub["KrauthammerLab/RadVLM"] = {"config.json": b"{}", "tokenizer.json": b"{}", "tokenizer_config.json": b"{}",
+                                          "model.safetensors.index.json": b"<html>not found</html>"}
+    result = weights(hosts, "pull", "radvlm", cache=tmp_path / "cache")
+    assert result.returncode == 2 and result.stderr.count("error:") == 1, result.stderr
+    assert "model.safetensors.index.json: not a weights index" in said(result.stderr)

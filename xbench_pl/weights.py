@@ -63,6 +63,7 @@ class Source:
     licence: str = "not stated"
     size: str | None = None
     note: str | None = None
+    shards: str | None = None  # an index file among ``files`` whose ``weight_map`` names the weight shards to pull too
 
     def describe(self) -> str:
         at = f"@{self.revision}" if self.revision else ""
@@ -87,7 +88,9 @@ def read_sources(path: Path = SOURCES_FILE) -> tuple[dict[str, Source], dict[str
     for name, entry in data["sources"].items():
         kind = next(k for k in KINDS if k in entry)
         sources[name] = Source(name, kind, str(entry[kind]), tuple(entry["files"]), entry.get("revision"),
-                               entry.get("licence", "not stated"), entry.get("size"), entry.get("note"))
+                               entry.get("licence", "not stated"), entry.get("size"), entry.get("note"), entry.get("shards"))
+        if sources[name].shards is not None and sources[name].shards not in sources[name].files:
+            raise ValueError(f"{path}: source {name!r}: its shards index {sources[name].shards!r} is not one of its files")
     needs = {}
     for model, entry in data["models"].items():
         entry = dict(entry or {})
@@ -105,22 +108,42 @@ def cache_dir(override: str | Path | None = None) -> Path:
     return Path(override or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xbench_pl" / "weights").expanduser()
 
 
-def wanted_files(needs: Needs, sources: dict[str, Source]) -> dict[str, list[str]]:
-    """Source -> the files a model reads of it: the named file, or every file of a release it reads whole."""
+def wanted_files(needs: Needs, sources: dict[str, Source], cache: Path | None = None) -> dict[str, list[str]]:
+    """Source -> the files a model reads of it: the named file, or every file of a release it reads whole, and (with
+    ``cache``) the weight shards its index names once the index is there (``shard_names``)."""
     wanted: dict[str, list[str]] = {}
     for ref in (r for refs in needs.arguments.values() for r in refs):
         source, _, file = ref.partition("/")
-        for name in ([file] if file else sources[source].files):
+        names = [file] if file else list(sources[source].files)
+        if not file and cache is not None and sources[source].shards:
+            names += shard_names(cache / source / sources[source].shards)
+        for name in names:
             wanted.setdefault(source, [])
             if name not in wanted[source]:
                 wanted[source].append(name)
     return wanted
 
 
+def shard_names(index: Path) -> list[str]:
+    """The weight files a sharded release's index (``model.safetensors.index.json``: its ``weight_map``) names, sorted;
+    none before the index is pulled."""
+    if not index.is_file():
+        return []
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise WeightsError(f"{index}: not a weights index with a weight_map ({error}); delete it and pull again") from None
+    bad = [n for n in names if not isinstance(n, str) or "/" in n or n.startswith(".")]
+    if bad:
+        raise WeightsError(f"{index}: weight_map names {bad[0]!r}, not a file beside the index")
+    return names
+
+
 def cached_arguments(needs: Needs, cache: Path) -> tuple[dict[str, str], list[Path]]:
     """The command-line value of each of the model's arguments in ``cache`` (a list as JSON), and the files missing."""
     sources, _ = read_sources()
-    missing = [cache / source / name for source, names in wanted_files(needs, sources).items() for name in names
+    missing = [cache / source / name for source, names in wanted_files(needs, sources, cache).items() for name in names
                if not (cache / source / name).is_file()]
     values = {}
     for arg, refs in needs.arguments.items():
@@ -158,7 +181,7 @@ def verify(cache: Path, models: list[str] | None = None) -> tuple[list[str], lis
     sources, needs = read_sources()
     lock = read_lock(cache)
     selected = None if models is None else {
-        (source, name) for m in models for source, names in wanted_files(needs[m], sources).items() for name in names}
+        (source, name) for m in models for source, names in wanted_files(needs[m], sources, cache).items() for name in names}
     good, problems = [], []
     for source, entry in sorted(lock.items()):
         for name, recorded in sorted(entry.get("files", {}).items()):
@@ -197,6 +220,8 @@ def pull(model: str, cache: Path, quiet: bool = False) -> list[Path]:
     placed = []
     for source, names in wanted_files(needs[model], sources).items():
         placed += [pull_file(sources[source], name, cache, quiet) for name in names]
+        shards = [n for n in wanted_files(needs[model], sources, cache).get(source, []) if n not in names]  # the index's
+        placed += [pull_file(sources[source], name, cache, quiet) for name in shards]
         shutil.rmtree(cache / PARTIAL / source, ignore_errors=True)  # all placed: the clients' bookkeeping goes
     return placed
 

@@ -34,7 +34,7 @@ def status(needs, sources, cache, lock) -> tuple[str, str | None]:
     """``(what is here, pulled size)`` of a model's files."""
     from xbench_pl.weights import wanted_files
 
-    files = [(s, n) for s, names in wanted_files(needs, sources).items() for n in names]
+    files = [(s, n) for s, names in wanted_files(needs, sources, cache).items() for n in names]
     present = [(s, n) for s, n in files if (cache / s / n).is_file()]
     if len(present) < len(files):
         return (f"missing {len(files) - len(present)} of {len(files)} file(s): {PROG} weights pull {needs.model}"), None
