@@ -57,13 +57,14 @@ class LinearIntensityModel(IntensityModel):
 class OracleBoxModel(IntensityModel):
     """States each finding's ground-truth boxes (read from the dataset's records, mapped into the model input through the
     batch's affine) and one box for each absent finding (``absent_box``: the input's top-left quarter, or none), with a
-    map that is 1 inside its stated boxes: the stated-box metrics' end-to-end yardstick."""
+    map that is 1 inside its stated boxes (``mirrored_map``: inside their mirror images, left for right): the stated-box
+    metrics' end-to-end yardstick."""
 
     STATES_BOXES = True
 
-    def __init__(self, absent_box: bool = False, **kwargs):
+    def __init__(self, absent_box: bool = False, mirrored_map: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.absent_box = absent_box
+        self.absent_box, self.mirrored_map = absent_box, mirrored_map  # mirrored_map: the map looks at the mirror image
         self.preprocess = Preprocess(resize="crop", size=256)  # half the demo's side: the affine is not the identity
 
     def batch_output(self, batch):
@@ -84,6 +85,8 @@ class OracleBoxModel(IntensityModel):
                 if not bounds and self.absent_box:
                     stated = [(0.0, 0.0, size / 2, size / 2, 1.0)]
                 for x0, y0, x1, y1, _ in stated:  # the input pixels whose centre is inside
+                    if self.mirrored_map:
+                        x0, x1 = size - x1, size - x0
                     saliency[b, c, round(y0):round(y1), round(x0):round(x1)] = 1.0
                 row.append(torch.tensor(stated, dtype=torch.float64).reshape(-1, 5))
             boxes.append(row)

@@ -11,8 +11,9 @@ Each sample is drawn in the original image frame (the eval grid stretched to the
 aspect ratio): the image as the model saw it (its input, de-normalised and warped back; parts
 a crop never showed are black), the map as the benchmark judges it (warped to the eval grid,
 normalised as ``--model.normalize``), the ground-truth region outlined (lime), the Pointing
-Game peak marked (a star), and model, dataset, finding, image id, score, label and Pointing
-Game hit in the caption. Files: ``OUT/heatmaps/DATASET/FINDING/IMAGE_ID.png`` (dots in the id become ``_``) and
+Game peak marked (a star), a grounded generative model's own stated boxes (dashed magenta, as the box metrics judge
+them: in the original frame, clipped), and model, dataset, finding, image id, score, label, Pointing Game hit and the
+number of stated boxes in the caption. Files: ``OUT/heatmaps/DATASET/FINDING/IMAGE_ID.png`` (dots in the id become ``_``) and
 ``OUT/heatmaps/samples.csv``; with a ``WandbLogger``, one ``wandb.Image`` list per
 ``heatmaps/DATASET/FINDING`` key.
 """
@@ -59,6 +60,7 @@ class Sample:
     saliency: np.ndarray
     region: np.ndarray
     query: str | None = None  # the phrase grounded in place of the finding's name (phrase datasets: MS-CXR)
+    stated: np.ndarray | None = None  # [n, 4] the boxes a generative model stated, in original pixels (clipped)
 
 
 @dataclass
@@ -144,6 +146,7 @@ class SaliencySamples(L.Callback):
                 saliency=saliency.float().cpu().numpy().copy(),
                 region=region.bool().cpu().numpy().copy(),
                 query=batch.queries[b].get(finding) if batch.queries else None,
+                stated=None if outputs.output.stated is None else stated_in_original(outputs.output.stated.boxes[b][c], batch, b),
             ))
 
     def on_test_end(self, trainer, pl_module) -> None:
@@ -161,12 +164,14 @@ class SaliencySamples(L.Callback):
             for s in samples:
                 file = folder / f"{safe_name(s.image_id.replace('.', '_'))}.png"
                 queried = f" \"{s.query}\"" if s.query else ""
+                stated = "" if s.stated is None else f" | {len(s.stated)} stated box(es)"
                 caption = (f"{name} | {dataset} | {finding}{queried} | {s.image_id} | score {s.score:.3f} | label {s.label} | "
-                           f"pointing game {s.pointing:.2f}")
+                           f"pointing game {s.pointing:.2f}{stated}")
                 paths.append(outputs.write(file, render_sample(s, caption, normalize, self.display_size)))
                 captions.append(caption)
                 rows.append({"dataset": dataset, "finding": finding, **({"query": s.query} if s.query else {}), "image_id": s.image_id, "score": s.score,
-                             "label": s.label, "pointing_game": s.pointing, "file": str(file.relative_to(root))})
+                             "label": s.label, "pointing_game": s.pointing, **({} if s.stated is None else {"stated_boxes": len(s.stated)}),
+                             "file": str(file.relative_to(root))})
             self.written += paths
             if logger is not None:
                 logger.log_image(key=f"heatmaps/{dataset}/{finding}", images=[str(p) for p in paths], caption=captions)
@@ -178,6 +183,18 @@ class SaliencySamples(L.Callback):
             writer.writerows(rows)
             outputs.write(root / "samples.csv", text.getvalue())
         close_own(trainer, outputs)
+
+
+def stated_in_original(boxes: torch.Tensor, batch, b: int) -> np.ndarray:
+    """A pair's stated boxes ``[n, 5]`` (model-input pixels) in sample ``b``'s original pixels, clipped to the image
+    (``metrics.boxes.clip_boxes``, as the box metrics judge them): ``[n, 4]``."""
+    from xbench_pl.metrics.boxes import clip_boxes
+
+    sx, sy, tx, ty = batch.affine[b].double().tolist()
+    raw = boxes.double().reshape(-1, 5).cpu()
+    original = torch.stack(((raw[:, 0] - tx) / sx, (raw[:, 1] - ty) / sy, (raw[:, 2] - tx) / sx, (raw[:, 3] - ty) / sy), 1)
+    height, width = (int(v) for v in batch.original_size[b].tolist())
+    return clip_boxes(original, height, width)[0].numpy()
 
 
 TITLE_CHARACTER, TITLE_LINE = 0.06, 0.125  # inches: a 7-point character's width (at most, near enough) and line
@@ -210,6 +227,11 @@ def render_sample(sample: Sample, caption: str, normalize: str = "minmax", displ
         ax.contour(centres_x, centres_y, sample.region.astype(np.float32), levels=[0.5], colors=["lime"], linewidths=1.5)
     ax.plot(centres_x[peak_x], centres_y[peak_y], marker="*", markersize=16, markerfacecolor="white",
             markeredgecolor="black", linestyle="none")
+    if sample.stated is not None:  # the model's own boxes (a grounded generative model), dashed magenta
+        from matplotlib.patches import Rectangle
+
+        for x0, y0, x1, y1 in sample.stated.tolist():
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="magenta", linestyle="--", linewidth=1.5))
     ax.set_axis_off()
     bar = fig.add_axes(((shown_width + 0.15) / fig.get_figwidth(), 0.05 / fig.get_figheight(), 0.12 / fig.get_figwidth(),
                         shown_height / fig.get_figheight()))

@@ -13,6 +13,8 @@ gives its part (None: nothing to show for these runs):
 - ``table1``: the datasets x runs grid of Pointing Game / Dice@0.5 / IoU@0.5 (Table 1 of the paper);
 - ``explainers``: where the runs' maps differ in explainer, models x explainers per dataset;
 - ``trust``: where runs measured trust (``--model.trust``), Pointing Game beside the sanity and faithfulness tests;
+- ``generative``: where runs stated boxes (grounded generative models, ``score --boxes``), the box metrics beside the
+  map metrics and the self-consistency of the two, with samples drawing the map, the ground truth and the boxes;
 - ``agreement``: where two or more runs saved their maps (a prediction store), the SSIM between their maps;
 - ``reader``: where a reader run covers a dataset, each run as a share of the radiologist's values;
 - ``fairness``: where runs have ``by_group``, per group value and the gap;
@@ -39,14 +41,15 @@ from jsonargparse import ArgumentParser
 
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import wrap
-from xbench_pl.commands.report import agreement, correlation, explainers, fairness, findings, paper, reader, saved, table1, trust
+from xbench_pl.commands.report import (agreement, correlation, explainers, fairness, findings, generative, paper, reader, saved,
+                                       table1, trust)
 from xbench_pl.commands.report.correlation import r2_text
 from xbench_pl.commands.report.page import Section, markdown, page
 from xbench_pl.commands.report.runs import Run, find_runs, image_sets
 from xbench_pl.outputs import atomic_write, check_writable, write_whole
 
 #: the page's sections in order (after ``opening``)
-SECTIONS = (table1, explainers, trust, agreement, reader, fairness, correlation, findings, saved)
+SECTIONS = (table1, explainers, trust, generative, agreement, reader, fairness, correlation, findings, saved)
 #: sections added by ``--against NAME``, after Table 1
 AGAINST = {"paper": paper}
 
