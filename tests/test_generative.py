@@ -27,32 +27,54 @@ def images(model, n=1, seed=0):
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
+def pixel_forward(model, x, prompts, token_inputs=True, **extra):
+    """The release processor's path: the prompts' ids, the image's pixels for each row (the tower once per row) and
+    what the processor gives beside the ids."""
+    inputs = model.encode(prompts)
+    with torch.no_grad():
+        out = model.network(**inputs, **(model.token_inputs(inputs["input_ids"]) if token_inputs else {}),
+                            **model.positions(inputs["attention_mask"]), **model.image_inputs(x.expand(len(prompts), -1, -1, -1)),
+                            use_cache=False, **extra)
+    return out, inputs
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_map_is_the_last_querys_attention_as_eager_attention_gives_it(tiny, name):
-    """The map read by ``last_query_attention`` (SDPA for the layers' outputs, the last query row's weights beside
-    them) equals transformers' eager attention weights of that row, averaged over layers and heads, at the image
-    tokens; the logits are the same forward's."""
+    """The answer (the image tower once per image, its features given to every prompt: ``mm_encoder_outputs``) equals
+    the processor's path (pixels per prompt); the map read by ``last_query_attention`` (SDPA for the layers' outputs,
+    the last query row's weights beside them) equals transformers' eager attention weights of that row, averaged over
+    layers and heads, at the image tokens."""
+    from xbench_pl.models.generative.base import LAST_QUERY
+
     model = tiny[name]
     x = images(model)
-    ours = model.zero_shot(x, ["Nodule", "Pleural effusion"])
+    texts = ["Nodule", "Pleural effusion"]
+    ours = model.zero_shot(x, texts)
+    if name == "maira2":  # its score is a likelihood contrast (test_maira2_reference checks its logits)
+        return
     model.network.set_attn_implementation({"text_config": "eager"})
     try:
-        texts = ["Nodule", "Pleural effusion"]
-        inputs = model.encode([model.prompt(model.question.format(t)) for t in texts])
-        with torch.no_grad():
-            out = model.network(**inputs, **model.positions(inputs["attention_mask"]), **model.image_inputs(x.expand(2, -1, -1, -1)),
-                                output_attentions=True, use_cache=False)
+        out, inputs = pixel_forward(model, x, [model.prompt(model.question.format(t)) for t in texts], output_attentions=True)
     finally:
-        from xbench_pl.models.generative.base import LAST_QUERY
-
         model.network.set_attn_implementation({"text_config": LAST_QUERY})
-    if name == "maira2":  # its score is a likelihood contrast: the map is the positive answer's, checked below
-        return
     last = torch.stack([a[:, :, -1] for a in out.attentions]).mean(dim=(0, 2))
-    expected = model.image_attention(last, inputs["input_ids"])
-    assert torch.allclose(ours.saliency[0], expected, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(ours.saliency[0], model.image_attention(last, inputs["input_ids"]), atol=1e-6, rtol=1e-5)
     answer = out.logits[:, -1, list(model.answer_ids)].float().log_softmax(-1)
     assert torch.allclose(ours.logits[0], answer[:, 0] - answer[:, 1], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["medgemma", "lingshu"])
+def test_the_processors_token_types_change_the_answer_and_are_given(tiny, name):
+    """Gemma 3's ``token_type_ids`` (image tokens attend both ways) and Qwen2.5-VL's ``mm_token_type_ids`` (its
+    multimodal rope) change the forward: without them the answer differs from the one scored here."""
+    model = tiny[name]
+    x = images(model, seed=2)
+    prompt = [model.prompt(model.question.format("Nodule"))]
+    with_types, _ = pixel_forward(model, x, prompt)
+    without, _ = pixel_forward(model, x, prompt, token_inputs=False)
+    assert (with_types.logits[0, -1] - without.logits[0, -1]).abs().max() > 1e-4
+    answer = with_types.logits[:, -1, list(model.answer_ids)].float().log_softmax(-1)
+    assert torch.allclose(model.zero_shot(x, ["Nodule"]).logits[0, 0], answer[0, 0] - answer[0, 1], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -143,3 +165,27 @@ def test_maira2_crops_as_the_releases_processor_floors_the_offset(tiny):
     side = preprocess.size
     _, (_, _, tx, _) = type(preprocess)(**{**preprocess.__dict__, "size": 518}).plan(2000, 3000)
     assert preprocess.crop_offset == "floor" and side == 56 and tx == -129
+
+
+@pytest.mark.parametrize("name", ["maira2", "medgemma"])
+def test_gradient_explainers_explain_the_answer_on_the_image_tower(tiny, name):
+    """``--model.explainer gradcam``: Grad-CAM of the answer's logit on the image tower's last block (the tower runs once
+    per image in the recognition forward); the boxes are still stated, the scores are the native forward's."""
+    from xbench_pl.registry import create_model
+
+    explained = create_model(name, random_init=True, max_new_tokens=4, explainer="gradcam")
+    x = images(explained, n=2, seed=3)
+    native = tiny[name].zero_shot(x, ["Nodule", "Mass"])
+    cam = explained.explained(x, ["Nodule", "Mass"])
+    assert torch.allclose(cam.scores, native.scores, atol=1e-5)
+    side = explained.preprocess.size // 14 if name == "maira2" else explained.network.config.vision_config.image_size // 8
+    assert cam.saliency.shape == (2, 2, side, side)  # the tower's patch grid (MedGemma's attention map: its pooled tokens)
+    assert cam.saliency.shape != native.saliency.shape or not torch.allclose(cam.saliency, native.saliency)
+    assert cam.stated is not None and native.stated.texts[0][0].startswith(cam.stated.texts[0][0])  # 4 of its 8 tokens
+
+
+def test_a_family_whose_tower_no_explainer_reads_is_refused_in_one_line():
+    from xbench_pl.registry import create_model
+
+    with pytest.raises(ValueError, match="Lingshu has no image tower an explainer knows"):
+        create_model("lingshu", random_init=True, explainer="gradcam")

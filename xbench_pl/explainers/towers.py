@@ -2,8 +2,10 @@
 
 A tower is found by type under the model's ``IMAGE_TOWER`` path: xbench_pl's ``ResNetPatches``
 (MedKLIP, MAVL, KAD) and ``ViTPatches`` (CARZero, DeViDe), open_clip's ``VisionTransformer`` (CLIP)
-open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP) and transformers' ``Dinov2Model`` (RadZero; CAMs only: its
-attention sites are not recorded, so rollout and chefer refuse it). ``Tower`` gives the default CAM layer
+open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP) and transformers' ``Dinov2Model`` (RadZero, MAIRA-2) and
+``SiglipVisionModel`` where a model sends it one view per image (MedGemma; ``SIGLIP_ONE_VIEW``); CAMs only for these
+two: their attention sites are not recorded, so rollout and chefer refuse them. Qwen2.5-VL's windowed tower (tokens
+without a batch dimension) and LLaVA-OneVision's (a base view and tiles per image) are refused. ``Tower`` gives the default CAM layer
 (the last ResNet stage; a ViT's last block's first norm, whose tokens every later step reads),
 the patch grid, and, for ViTs, ``recorded_attention``: each block's attention probabilities
 ``[B, heads, T, T]``, computed explicitly so that they are part of the autograd graph (the fused
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer
 from torch import nn
-from transformers import Dinov2Model
+from transformers import Dinov2Model, SiglipVisionModel
 
 from xbench_pl.models.layers.image_encoders import ResNetPatches, ViTPatches
 from xbench_pl.models.layers.query_decoder import QueryDecoder
@@ -61,11 +63,16 @@ def image_tower(model: nn.Module) -> Tower:
         blocks = list(module.trunk.blocks)
         return Tower(path, module, "vit", f"{path}.trunk.blocks.{len(blocks) - 1}.norm1",
                      tuple(module.trunk.patch_embed.grid_size), [block.attn for block in blocks])
-    if isinstance(module, Dinov2Model):  # RadZero: its attention is transformers' own, not recorded (CAMs only)
+    if isinstance(module, Dinov2Model):  # RadZero, MAIRA-2: its attention is transformers' own, not recorded (CAMs only)
         side = model.preprocess.size // module.config.patch_size
         return Tower(path, module, "vit", f"{path}.encoder.layer.{len(module.encoder.layer) - 1}.norm1", (side, side), [])
+    if isinstance(module, SiglipVisionModel) and getattr(model, "SIGLIP_ONE_VIEW", False):
+        # MedGemma's SigLIP: one view per image, patches only (no class token); CAMs only, as DINOv2
+        side = module.config.image_size // module.config.patch_size
+        return Tower(path, module, "vit", f"{path}.encoder.layers.{len(module.encoder.layers) - 1}.layer_norm1", (side, side), [])
     raise ValueError(f"{type(model).__name__} has no image tower an explainer knows (ResNetPatches, ViTPatches, open_clip "
-                     f"VisionTransformer, timm ViT trunk or transformers Dinov2Model) at {path!r}: use --model.explainer native")
+                     f"VisionTransformer, timm ViT trunk, transformers Dinov2Model or a one-view SiglipVisionModel) at {path!r}: "
+                     "use --model.explainer native")
 
 
 def query_decoder(model: nn.Module) -> QueryDecoder | None:

@@ -214,6 +214,25 @@ class GenerativeModel(ZeroShotModel):
         """The release's keys as the transformers class names them (default: unchanged)."""
         return state
 
+    @classmethod
+    def release_network(cls, data: dict, device: str | torch.device = "meta"):
+        """The network a checkpoint run builds (the family's ``read_config`` and ``build``) from the contents of a
+        release's ``config.json`` (``data``; keys starting ``_source`` are notes and dropped), without weights or
+        tokenizer, its parameters on ``device`` (``meta``: no memory; checks of key names and shapes)."""
+        import tempfile
+
+        register_attention()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder)
+            (path / "config.json").write_text(json.dumps({k: v for k, v in data.items() if not k.startswith("_source")}))
+            shell = cls.__new__(cls)  # only the module machinery: read_config and build use nothing else
+            torch.nn.Module.__init__(shell)
+            shell.tiny, shell.checkpoint = False, path
+            config = shell.read_config(path)
+            with torch.device(device):
+                shell.build(config)
+        return shell.network
+
     def single_token(self, word: str) -> int:
         ids = self.tokenizer.encode(word, add_special_tokens=False)
         if len(ids) != 1:
@@ -224,12 +243,11 @@ class GenerativeModel(ZeroShotModel):
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         return {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
 
-    def rows(self, images: torch.Tensor, classes: list[str]) -> list[tuple[torch.Tensor, list[str]]]:
-        """The (image, text) prompt rows, image-major, one image's texts per forward (in chunks of ``rows_per_forward``):
-        ``(images [n, 3, S, S], texts)``. A forward never mixes images, so what a batch holds (1 or N processes, any
-        ``batch_size``) changes no number: its padding and shapes are the image's own."""
-        return [(images[i:i + 1].expand(len(part), -1, -1, -1), part) for i in range(images.shape[0])
-                for part in (classes[s:s + self.rows_per_forward] for s in range(0, len(classes), self.rows_per_forward))]
+    def chunks(self, b: int, classes: list[str]) -> list[tuple[int, list[str]]]:
+        """The prompt rows as ``(image index, texts)``, one image's texts per forward (in chunks of ``rows_per_forward``).
+        A forward never mixes images, so what a batch holds (1 or N processes, any ``batch_size``) changes no number:
+        its padding and shapes are the image's own."""
+        return [(i, classes[s:s + self.rows_per_forward]) for i in range(b) for s in range(0, len(classes), self.rows_per_forward)]
 
     def positions(self, attention_mask: torch.Tensor) -> dict:
         """``position_ids`` that start at 0 on each row's first real token (left padding), as ``generate`` makes them;
@@ -238,17 +256,49 @@ class GenerativeModel(ZeroShotModel):
             return {}
         return {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_min(0)}
 
-    def recognition(self, images: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward of the question for each (image, text) row: ``logits [n]`` (log P(yes) - log P(no)) and the maps
-        ``[n, h, w]``."""
-        inputs = self.encode([self.prompt(self.question.format(text)) for text in texts])
+    def token_inputs(self, input_ids: torch.Tensor) -> dict:
+        """What the release's processor gives beside the ids (default: nothing): Gemma 3's ``token_type_ids`` (its image
+        tokens attend to each other both ways), Qwen2.5-VL's ``mm_token_type_ids`` (its multimodal rope)."""
+        return {}
+
+    def layout_inputs(self, rows: int) -> dict:
+        """What a forward on ``rows`` prompts needs of the image's layout beside its features (default: nothing; Qwen2.5-VL:
+        ``image_grid_thw``, for its rope)."""
+        return {}
+
+    def image_features(self, images: torch.Tensor):
+        """The image tower and projector once for ``images [B, 3, S, S]``: transformers' ``get_image_features`` output,
+        whose ``pooler_output`` holds each image's features (a tensor or a list, by family)."""
+        return self.network.model.get_image_features(**self.image_inputs(images), return_dict=True)
+
+    @staticmethod
+    def row_features(features, image: int, rows: int):
+        """``features`` of image ``image`` repeated for ``rows`` prompts, as ``mm_encoder_outputs["image"]``."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        pooled = features.pooler_output
+        mine = pooled[image:image + 1].expand(rows, *pooled.shape[1:]) if torch.is_tensor(pooled) else [pooled[image]] * rows
+        return BaseModelOutputWithPooling(pooler_output=mine)
+
+    def text_forward(self, prompts: list[str], features, image: int) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
+        """One forward of ``prompts`` (all of image ``image``, its ``features`` from ``image_features``): the logits
+        ``[rows, L, V]``, the encoded inputs and each layer's last-query attention ``[rows, heads, L]``."""
+        inputs = self.encode(prompts)
         AttentionRows.collected = []
         try:
-            out = self.network(**inputs, **self.positions(inputs["attention_mask"]), **self.image_inputs(images), use_cache=False)
+            out = self.network(**inputs, **self.token_inputs(inputs["input_ids"]), **self.positions(inputs["attention_mask"]),
+                               **self.layout_inputs(len(prompts)), use_cache=False,
+                               mm_encoder_outputs={"image": self.row_features(features, image, len(prompts))})
             layers = AttentionRows.collected
         finally:
             AttentionRows.collected = None
-        answer = out.logits[:, -1, list(self.answer_ids)].float().log_softmax(-1)
+        return out.logits, inputs, layers
+
+    def recognition(self, features, image: int, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of the question for each text about image ``image``: ``logits [n]`` (log P(yes) - log P(no)) and
+        the maps ``[n, h, w]``."""
+        logits, inputs, layers = self.text_forward([self.prompt(self.question.format(text)) for text in texts], features, image)
+        answer = logits[:, -1, list(self.answer_ids)].float().log_softmax(-1)
         maps = self.image_attention(torch.stack(layers).mean(dim=(0, 2)), inputs["input_ids"])  # mean over layers and heads
         return answer[:, 0] - answer[:, 1], maps
 
@@ -264,11 +314,12 @@ class GenerativeModel(ZeroShotModel):
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, texts: list[str]) -> list[str]:
-        """The greedy answers to the grounding prompt of each (image, text) row, decoded without special tokens but
-        those the family's convention reads (``keep_special``)."""
+        """The greedy answers to the grounding prompt of each text about the one image ``images [1, 3, S, S]``, decoded with
+        special tokens kept up to the first end of sequence (``decode``)."""
         inputs = self.encode([self.prompt(self.GROUNDING_PROMPT.format(text)) for text in texts])
-        out = self.network.generate(**inputs, **self.image_inputs(images), max_new_tokens=self.max_new_tokens, do_sample=False,
-                                    num_beams=1, use_cache=True, pad_token_id=self.tokenizer.pad_token_id)
+        out = self.network.generate(**inputs, **self.token_inputs(inputs["input_ids"]),
+                                    **self.image_inputs(images.expand(len(texts), -1, -1, -1)), max_new_tokens=self.max_new_tokens,
+                                    do_sample=False, num_beams=1, use_cache=True, pad_token_id=self.tokenizer.pad_token_id)
         return [self.decode(row) for row in out[:, inputs["input_ids"].shape[1]:]]
 
     def decode(self, ids: torch.Tensor) -> str:
@@ -298,18 +349,43 @@ class GenerativeModel(ZeroShotModel):
             boxes.append(torch.tensor(parsed, dtype=torch.float64).reshape(-1, 5))
         return boxes, failed
 
-    @torch.no_grad()
-    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+    def answered(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        """Scores, logits and maps of every (image, finding) (``recognition``; the image tower once per image), no
+        generation: what ``zero_shot`` scores and what gradient explainers explain (autograd as the caller has it)."""
         b, c = images.shape[0], len(classes)
-        logits, maps, texts = [], [], []
-        for row_images, row_texts in self.rows(images, classes):
-            row_logits, row_maps = self.recognition(row_images, row_texts)
+        features = self.image_features(images)
+        logits, maps = [], []
+        for image, texts in self.chunks(b, classes):
+            row_logits, row_maps = self.recognition(features, image, texts)
             logits.append(row_logits)
             maps.append(row_maps.float())
-            texts.extend(self.generate(row_images, row_texts))
-        boxes, failed = self.stated_boxes(texts)
         logits = torch.cat(logits).reshape(b, c).float()
-        stated = StatedBoxes([boxes[i * c:(i + 1) * c] for i in range(b)], [texts[i * c:(i + 1) * c] for i in range(b)],
-                             torch.tensor(failed, dtype=torch.bool).reshape(b, c))
-        return ZeroShotOutput(scores=torch.sigmoid(logits), saliency=torch.cat(maps).reshape(b, c, *maps[0].shape[-2:]),
-                              logits=logits, stated=stated)
+        return ZeroShotOutput(scores=torch.sigmoid(logits), saliency=torch.cat(maps).reshape(b, c, *maps[0].shape[-2:]), logits=logits)
+
+    def stated(self, images: torch.Tensor, classes: list[str]) -> StatedBoxes:
+        """The boxes stated for every (image, finding) (``generate``, parsed by the family's ``parse``), with the texts."""
+        b, c = images.shape[0], len(classes)
+        texts = [text for image, part in self.chunks(b, classes) for text in self.generate(images[image:image + 1], part)]
+        boxes, failed = self.stated_boxes(texts)
+        return StatedBoxes([boxes[i * c:(i + 1) * c] for i in range(b)], [texts[i * c:(i + 1) * c] for i in range(b)],
+                           torch.tensor(failed, dtype=torch.bool).reshape(b, c))
+
+    @torch.no_grad()
+    def zero_shot(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        output = self.answered(images, classes)
+        return ZeroShotOutput(output.scores, output.saliency, output.logits, stated=self.stated(images, classes))
+
+    def explainer_forward(self, images: torch.Tensor, classes: list[str], grad: bool = True) -> tuple[ZeroShotOutput, torch.Tensor]:
+        """The recognition forward alone (``answered``: the image tower runs once, as a CAM's layer must) and its logits;
+        the boxes are stated after the explainer, outside its hooks (``explained``)."""
+        with torch.set_grad_enabled(grad):
+            output = self.answered(images, classes)
+        return output, output.logits
+
+    def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+        if self.explainer_method is None:
+            return self.zero_shot(images, classes)
+        output = super().explained(images, classes)
+        with torch.no_grad():
+            stated = self.stated(images, classes)
+        return ZeroShotOutput(output.scores, output.saliency, output.logits, stated=stated)

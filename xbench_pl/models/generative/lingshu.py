@@ -15,6 +15,8 @@ card, as reported by third parties; check it); the authors' evaluation kit pins 
 
 from __future__ import annotations
 
+import re
+
 import torch
 from jsonargparse.typing import PositiveInt
 
@@ -26,6 +28,12 @@ from xbench_pl.models.generative.parsing import qwen_boxes
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 PATCH, MERGE, TEMPORAL = 14, 2, 2
+#: the release's key prefixes -> transformers 5's (``re.sub`` in order). A Qwen2.5-VL release saved by transformers
+#: 4.4x-4.5x names ``model.layers.*``, ``model.embed_tokens``, ``model.norm``, ``lm_head``, ``visual.*`` (Qwen2.5-VL-7B-
+#: Instruct's own files; save_pretrained writes that layout back after the 4.52 refactor). Some 4.52.x saves wrote the
+#: in-memory names instead (transformers issue #38489, fixed by PR #38385): ``model.language_model.*``, ``model.visual.*``,
+#: which are transformers 5's and pass unchanged. ``lm_head`` is a separate tensor (untied) and keeps its name.
+RELEASE_RENAMES = ((r"^visual\.", "model.visual."), (r"^model\.(?!language_model\.|visual\.)", "model.language_model."))
 
 
 def qwen_patches(images: torch.Tensor, patch: int = PATCH, merge: int = MERGE, temporal: int = TEMPORAL) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,5 +99,23 @@ class Lingshu(GenerativeModel):
         pixel_values, grid = qwen_patches(images)
         return {"pixel_values": pixel_values, "image_grid_thw": grid}
 
+    def token_inputs(self, input_ids: torch.Tensor) -> dict:
+        """Qwen2.5-VL's processor marks the image tokens (``mm_token_type_ids`` 1), which its multimodal rope reads: without
+        them transformers falls back to text positions."""
+        return {"mm_token_type_ids": (input_ids == self.image_token_id).int()}
+
+    def layout_inputs(self, rows: int) -> dict:
+        side = self.preprocess.size // PATCH
+        return {"image_grid_thw": torch.tensor([[1, side, side]] * rows, dtype=torch.long, device=self.device)}
+
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return qwen_boxes(text)
+
+    def checkpoint_filter(self, state: dict) -> dict:
+        """The release's keys in transformers 5's names (``RELEASE_RENAMES``); the strict loader names any left over."""
+        out = {}
+        for key, value in state.items():
+            for pattern, new in RELEASE_RENAMES:
+                key = re.sub(pattern, new, key)
+            out[key] = value
+        return out

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from xbench_pl.geometry import Preprocess
-from xbench_pl.models.generative.base import AttentionRows, GenerativeModel
+from xbench_pl.models.generative.base import GenerativeModel
 from xbench_pl.models.generative.parsing import maira2_boxes
 
 RELEASE_MEAN, RELEASE_STD = (0.5307,) * 3, (0.2583,) * 3
@@ -164,23 +164,16 @@ class Maira2(GenerativeModel):
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return maira2_boxes(text, self.preprocess.size)
 
-    def recognition(self, images: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The likelihood contrast of ``<obj>{text}`` against ``<obj>No {text}`` (see the module), both rows in one forward;
-        the map from the positive rows."""
+    def recognition(self, features, image: int, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The likelihood contrast of ``<obj>{text}`` against ``<obj>No {text}`` about image ``image`` (see the module),
+        both rows in one forward; the map from the positive rows."""
         n = len(texts)
         answers = [f"<obj>{text}" for text in texts] + [f"<obj>No {text}" for text in texts]
         prompts = [self.prompt(text) for text in texts] * 2
         lengths = torch.tensor([len(self.tokenizer.encode(a, add_special_tokens=False)) for a in answers], device=self.device)
-        inputs = self.encode([p + a for p, a in zip(prompts, answers)])
-        AttentionRows.collected = []
-        try:
-            out = self.network(**inputs, **self.positions(inputs["attention_mask"]), **self.image_inputs(torch.cat([images, images])),
-                               use_cache=False)
-            layers = AttentionRows.collected
-        finally:
-            AttentionRows.collected = None
+        logits, inputs, layers = self.text_forward([p + a for p, a in zip(prompts, answers)], features, image)
         ids = inputs["input_ids"]
-        logprobs = out.logits[:, :-1].float().log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]  # of each next token
+        logprobs = logits[:, :-1].float().log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]  # of each next token
         positions = torch.arange(ids.shape[1] - 1, device=ids.device)
         answer = positions[None, :] >= (ids.shape[1] - 1 - lengths[:, None])
         total = (logprobs * answer).sum(1)

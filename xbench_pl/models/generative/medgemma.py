@@ -14,6 +14,8 @@ login``); transformers >= 4.50.0.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from xbench_pl.geometry import Preprocess
@@ -32,6 +34,16 @@ GROUNDING = (
     "the image.\n\nQuery:\nWhere is the {}? Don't give a final answer without reasoning. Output the final answer in the format "
     "\"Final Answer: X\" where X is a JSON list of objects. The object needs a \"box_2d\" and \"label\" key. Answer:")
 
+#: the release's key prefixes -> transformers 5's (``re.sub`` in order). MedGemma's files (saved by transformers 4.5x,
+#: as google/medgemma-27b-it's index shows) name ``language_model.model.*``, ``vision_tower.vision_model.*`` and
+#: ``multi_modal_projector.*``; transformers 5 nests them under ``model.`` and its SigLIP tower has no ``vision_model``
+#: level. Keys already in 5's layout pass unchanged; a 4.52.x save's in-memory names (``model.language_model.*``,
+#: ``model.vision_tower.vision_model.*``: transformers issue #38489) lose only the tower's ``vision_model``.
+RELEASE_RENAMES = ((r"^language_model\.model\.", "model.language_model."), (r"^language_model\.lm_head\.", "lm_head."),
+                   (r"^(model\.)?vision_tower\.vision_model\.", "model.vision_tower."),
+                   (r"^multi_modal_projector\.", "model.multi_modal_projector."))
+EMBEDDINGS = "model.language_model.embed_tokens.weight"
+
 
 class MedGemma(GenerativeModel):
     """MedGemma 4B (Gemma 3); see the module."""
@@ -43,6 +55,7 @@ class MedGemma(GenerativeModel):
     RELEASE = {"hub": "google/medgemma-4b-it", "variants": ["google/medgemma-1.5-4b-it"],
                "licence": "Health AI Developer Foundations terms (gated)", "transformers": ">= 4.50.0"}
     MAX_NEW_TOKENS = 1000
+    SIGLIP_ONE_VIEW = True  # its SigLIP sees each image once: gradient explainers may target it (explainers/towers.py)
     ANSWERS = ("yes", "no")
 
     def tiny_config(self, vocab_size: int):
@@ -80,5 +93,23 @@ class MedGemma(GenerativeModel):
     def image_inputs(self, images: torch.Tensor) -> dict:
         return {"pixel_values": images}
 
+    def token_inputs(self, input_ids: torch.Tensor) -> dict:
+        """Gemma 3's processor marks the image tokens (``token_type_ids`` 1): they attend to each other both ways."""
+        return {"token_type_ids": (input_ids == self.image_token_id).long()}
+
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return gemma_boxes(text.split("<unused95>", 1)[-1], self.preprocess.size)
+
+    def checkpoint_filter(self, state: dict) -> dict:
+        """The release's keys in transformers 5's names (``RELEASE_RENAMES``). Gemma 3 ties the output layer to the input
+        embeddings (``tie_word_embeddings``), so the release stores no ``lm_head``: where the network ties them, the
+        embeddings fill ``lm_head.weight`` too, as transformers' ``tie_weights`` does (the same tensor)."""
+        out = {}
+        for key, value in state.items():
+            for pattern, new in RELEASE_RENAMES:
+                key = re.sub(pattern, new, key)
+            out[key] = value
+        network = self.network
+        if "lm_head.weight" not in out and EMBEDDINGS in out and network.lm_head.weight is network.get_input_embeddings().weight:
+            out["lm_head.weight"] = out[EMBEDDINGS]
+        return out

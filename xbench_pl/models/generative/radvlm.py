@@ -13,6 +13,8 @@ weights not stated (PhysioNet lists the model as credentialed access); the autho
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from xbench_pl.geometry import Preprocess
@@ -21,6 +23,16 @@ from xbench_pl.models.generative.parsing import radvlm_boxes
 
 #: SigLIP's mean and std (LLaVA-OneVision's image processor)
 SIGLIP_MEAN = SIGLIP_STD = (0.5, 0.5, 0.5)
+#: the release's key prefixes -> transformers 5's (``re.sub`` in order). RadVLM was converted and saved with
+#: transformers 4.46 (their converter, ``convert_llava_onevision_weights_to_hf.py``): ``language_model.model.*``,
+#: ``language_model.lm_head.weight`` (untied), ``vision_tower.vision_model.*``, ``multi_modal_projector.linear_{1,2}``,
+#: ``image_newline``; transformers 5 nests them under ``model.`` (``lm_head`` at the top) and its SigLIP tower has no
+#: ``vision_model`` level. Keys already in 5's layout pass unchanged; a 4.52.x save's in-memory names
+#: (``model.language_model.*``, ``model.vision_tower.vision_model.*``: transformers issue #38489) lose only the tower's
+#: ``vision_model``.
+RELEASE_RENAMES = ((r"^language_model\.model\.", "model.language_model."), (r"^language_model\.lm_head\.", "lm_head."),
+                   (r"^(model\.)?vision_tower\.vision_model\.", "model.vision_tower."),
+                   (r"^multi_modal_projector\.", "model.multi_modal_projector."), (r"^image_newline$", "model.image_newline"))
 
 
 class RadVLM(GenerativeModel):
@@ -79,3 +91,12 @@ class RadVLM(GenerativeModel):
 
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return radvlm_boxes(text, self.preprocess.size)
+
+    def checkpoint_filter(self, state: dict) -> dict:
+        """The release's keys in transformers 5's names (``RELEASE_RENAMES``); the strict loader names any left over."""
+        out = {}
+        for key, value in state.items():
+            for pattern, new in RELEASE_RENAMES:
+                key = re.sub(pattern, new, key)
+            out[key] = value
+        return out
