@@ -189,3 +189,28 @@ def test_a_family_whose_tower_no_explainer_reads_is_refused_in_one_line():
 
     with pytest.raises(ValueError, match="Lingshu has no image tower an explainer knows"):
         create_model("lingshu", random_init=True, explainer="gradcam")
+
+
+@pytest.mark.parametrize("name", ["medgemma", "lingshu", "radvlm"])
+def test_a_release_folder_loads_and_answers_as_the_model_it_was_saved_from(tiny, name, tmp_path):
+    """``--model.checkpoint DIR``: the folder's ``config.json``, tokenizer and safetensors (here a tiny model saved in
+    transformers' layout) build the same network, strictly loaded, with the same answers; a folder without weights is
+    one error naming it."""
+    from safetensors.torch import save_file
+
+    from xbench_pl.models.checkpoints import CheckpointError
+    from xbench_pl.registry import create_model
+
+    model = tiny[name]
+    (tmp_path / "config.json").write_text(model.network.config.to_json_string())
+    model.tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=f"{tmp_path}: no \\*.safetensors"):
+        create_model(name, checkpoint=str(tmp_path), max_new_tokens=8)
+    save_file({k: v.detach().clone().contiguous() for k, v in model.network.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    size = {"image_size": model.preprocess.size} if name == "lingshu" else {}  # its release input is 448: the tiny one's here
+    loaded = create_model(name, checkpoint=str(tmp_path), max_new_tokens=8, **size)
+    assert not loaded.random_weights and loaded.preprocess == model.preprocess
+    x = images(loaded, seed=4)
+    a, b = loaded.zero_shot(x, ["Nodule"]), model.zero_shot(x, ["Nodule"])
+    assert torch.allclose(a.logits, b.logits, atol=1e-5) and torch.allclose(a.saliency, b.saliency, atol=1e-6)
+    assert a.stated.texts == b.stated.texts
