@@ -214,3 +214,18 @@ def test_a_release_folder_loads_and_answers_as_the_model_it_was_saved_from(tiny,
     a, b = loaded.zero_shot(x, ["Nodule"]), model.zero_shot(x, ["Nodule"])
     assert torch.allclose(a.logits, b.logits, atol=1e-5) and torch.allclose(a.saliency, b.saliency, atol=1e-6)
     assert a.stated.texts == b.stated.texts
+
+
+@pytest.mark.parametrize("name, size, grid", [("lingshu", 448, 16), ("medgemma", 896, 16), ("radvlm", 384, 27), ("maira2", 518, 37)])
+def test_random_init_at_the_release_size_builds_the_releases_network(name, size, grid):
+    """``--model.random_size release`` (benchmarks on a GPU): the release's configuration (``models/configs/generative``)
+    with the stand-in tokenizer's ids in its token fields; built here on the meta device (no memory)."""
+    from xbench_pl.registry import create_model
+
+    with torch.device("meta"):
+        model = create_model(name, random_init=True, random_size="release")
+    assert model.preprocess.size == size and model.image_grid() == (grid, grid)
+    ids = model.tokenizer.convert_tokens_to_ids
+    assert all(getattr(model.network.config, field) == ids(token) for field, token in model.TOKEN_FIELDS.items())
+    assert model.network.config.get_text_config().eos_token_id == ids(model.STOP_TOKEN)
+    assert sum(p.numel() for p in model.network.parameters()) > 4e9

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from jsonargparse.typing import PositiveInt
@@ -38,6 +39,8 @@ from xbench_pl.models.checkpoints import CheckpointError, build_weights
 
 #: the attention function registered with transformers that keeps each layer's last query row (``last_query_attention``)
 LAST_QUERY = "xbench_last_query"
+#: the releases' ``config.json`` as shipped (``random_size: release``, the meta-device checks)
+RELEASE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "generative"
 #: the default recognition question (``{}``: the finding's name or the phrase)
 QUESTION = "Is there {} in this chest X-ray? Answer yes or no."
 
@@ -83,6 +86,8 @@ class GenerativeModel(ZeroShotModel):
             ``weights pull NAME`` places it; required unless ``random_init``.
         random_init: run without weights (smoke tests; reports say so): the family's tiny configuration and a stand-in
             tokenizer.
+        random_size: the configuration ``random_init`` builds: ``tiny`` (a few layers, built in code) or ``release`` (the
+            release's, ``models/configs/generative/<name>.json``: real sizes, for benchmarks on a GPU).
         max_new_tokens: the longest grounding answer generated (None: the family's ``MAX_NEW_TOKENS``, its card's).
         question: the recognition question (``{}``: the finding or phrase).
         rows_per_forward: the most prompts of one image per forward and per ``generate`` call (memory).
@@ -104,15 +109,20 @@ class GenerativeModel(ZeroShotModel):
     MAX_NEW_TOKENS = 128
     #: whether a forward needs ``position_ids`` from the attention mask (False: the network derives them, Qwen2.5-VL's rope)
     POSITIONS_FROM_MASK = True
+    #: the config's token-id fields and the special token each names (a stand-in tokenizer's ids go there)
+    TOKEN_FIELDS: dict[str, str] = {}
+    #: the token that ends an answer (the chat turn's end)
+    STOP_TOKEN = ""
 
-    def __init__(self, checkpoint: str | None = None, random_init: bool = False, max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
+    def __init__(self, checkpoint: str | None = None, random_init: bool = False, random_size: Literal["tiny", "release"] = "tiny",
+                 max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
         super().__init__(**kwargs)
         if checkpoint is None and not random_init:
             raise CheckpointError(f"{type(self).__name__} needs --model.checkpoint DIR, a local copy of {self.RELEASE['hub']} "
                                   f"(python -m xbench_pl weights pull {self.model_key()}), or --model.random_init true for a smoke run")
         if "{}" not in question:
             raise ValueError(f"question {question!r} needs a {{}} where the finding goes")
-        self.tiny = checkpoint is None
+        self.tiny = checkpoint is None and random_size == "tiny"
         self.max_new_tokens = int(max_new_tokens or self.MAX_NEW_TOKENS)
         self.question, self.rows_per_forward = question, int(rows_per_forward)
         self.checkpoint = None if checkpoint is None else Path(checkpoint).expanduser()
@@ -122,7 +132,7 @@ class GenerativeModel(ZeroShotModel):
             config = self.read_config(self.checkpoint)
         else:
             self.tokenizer = self.stand_in("tokenizer", self.stand_in_tokenizer())
-            config = self.tiny_config(len(self.tokenizer))
+            config = self.stand_in_ids(self.tiny_config(len(self.tokenizer)) if self.tiny else self.config_from(self.release_data()))
         build_weights(lambda: self.build(config), random_init=self.checkpoint is None)
         self.preprocess = self.input_preprocess()
         self.answer_ids = tuple(self.single_token(word) for word in self.ANSWERS)
@@ -188,15 +198,35 @@ class GenerativeModel(ZeroShotModel):
                                   "as downloaded (tokenizer.json, tokenizer_config.json)") from None
 
     def read_config(self, folder: Path):
-        import transformers
-
+        """The network's config from the release folder's ``config.json``."""
         path = folder / "config.json"
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             raise CheckpointError(f"{path}: cannot read the release's config ({error})") from None
+        return self.config_from(data)
+
+    def config_from(self, data: dict):
+        """The transformers config of a release's ``config.json`` contents (notes, ``_source*``, dropped)."""
+        import transformers
+
         config_class = getattr(transformers, self.NETWORK).config_class
-        return config_class(**{k: v for k, v in data.items() if k not in ("architectures", "auto_map")})
+        return config_class(**{k: v for k, v in data.items() if k not in ("architectures", "auto_map") and not k.startswith("_source")})
+
+    @classmethod
+    def release_data(cls) -> dict:
+        """The release's ``config.json`` as shipped here (``models/configs/generative/<name>.json``)."""
+        return json.loads((RELEASE_CONFIGS / f"{cls.model_key()}.json").read_text())
+
+    def stand_in_ids(self, config):
+        """``config`` with the stand-in tokenizer's ids in its token fields (``TOKEN_FIELDS``) and its text model's end
+        and padding tokens (``STOP_TOKEN``, the stand-in's padding)."""
+        ids = self.tokenizer.convert_tokens_to_ids
+        for field, token in self.TOKEN_FIELDS.items():
+            setattr(config, field, ids(token))
+        text = config.get_text_config()
+        text.eos_token_id, text.pad_token_id = ids(self.STOP_TOKEN), self.tokenizer.pad_token_id
+        return config
 
     def load_release(self, folder: Path) -> None:
         from xbench_pl.models.checkpoints import load_weights
@@ -216,21 +246,15 @@ class GenerativeModel(ZeroShotModel):
 
     @classmethod
     def release_network(cls, data: dict, device: str | torch.device = "meta"):
-        """The network a checkpoint run builds (the family's ``read_config`` and ``build``) from the contents of a
+        """The network a checkpoint run builds (the family's ``config_from`` and ``build``) from the contents of a
         release's ``config.json`` (``data``; keys starting ``_source`` are notes and dropped), without weights or
         tokenizer, its parameters on ``device`` (``meta``: no memory; checks of key names and shapes)."""
-        import tempfile
-
         register_attention()
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder)
-            (path / "config.json").write_text(json.dumps({k: v for k, v in data.items() if not k.startswith("_source")}))
-            shell = cls.__new__(cls)  # only the module machinery: read_config and build use nothing else
-            torch.nn.Module.__init__(shell)
-            shell.tiny, shell.checkpoint = False, path
-            config = shell.read_config(path)
-            with torch.device(device):
-                shell.build(config)
+        shell = cls.__new__(cls)  # only the module machinery: config_from and build use nothing else
+        torch.nn.Module.__init__(shell)
+        shell.tiny = False
+        with torch.device(device):
+            shell.build(shell.config_from(data))
         return shell.network
 
     def single_token(self, word: str) -> int:

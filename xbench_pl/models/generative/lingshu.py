@@ -61,6 +61,9 @@ class Lingshu(GenerativeModel):
     RELEASE = {"hub": "lingshu-medical-mllm/Lingshu-7B", "licence": "MIT (per the card; check it)", "transformers": "4.52.4"}
     MAX_NEW_TOKENS = 128
     POSITIONS_FROM_MASK = False  # Qwen2.5-VL's multimodal rope index reads the attention mask itself
+    TOKEN_FIELDS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                    "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    STOP_TOKEN = "<|im_end|>"
 
     def __init__(self, image_size: PositiveInt | None = None, **kwargs):
         self.image_size = image_size
@@ -69,16 +72,13 @@ class Lingshu(GenerativeModel):
     def tiny_config(self, vocab_size: int):
         from transformers import Qwen2_5_VLConfig
 
-        t = self.tokenizer.convert_tokens_to_ids
         return Qwen2_5_VLConfig(
             text_config=dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True,
-                             bos_token_id=None, eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id),
+                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True),
             vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=PATCH,
                                spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL, window_size=56, fullatt_block_indexes=[1]),
-            image_token_id=t("<|image_pad|>"), video_token_id=t("<|video_pad|>"), vision_start_token_id=t("<|vision_start|>"),
-            vision_end_token_id=t("<|vision_end|>"), tie_word_embeddings=True)
+            tie_word_embeddings=True)
 
     def input_preprocess(self) -> Preprocess:
         size = self.image_size or (56 if self.tiny else 448)

@@ -102,6 +102,8 @@ class Maira2(GenerativeModel):
     GROUNDING_PROMPT = "{}"  # the finding goes into PROMPT's Finding: slot
     RELEASE = {"hub": "microsoft/maira-2", "licence": "MSRLA (research only; gated)", "transformers": ">= 4.46 (4.48-4.51)"}
     MAX_NEW_TOKENS = 150
+    TOKEN_FIELDS = {"image_token_index": "<image>"}
+    STOP_TOKEN = "</s>"
 
     def build(self, config) -> None:
         _, network = maira2_network_classes()
@@ -113,20 +115,18 @@ class Maira2(GenerativeModel):
     def tiny_config(self, vocab_size: int):
         from transformers import LlavaConfig
 
-        t = self.tokenizer.convert_tokens_to_ids
         return LlavaConfig(
             text_config=dict(model_type="llama", vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
-                             bos_token_id=t("<s>"), eos_token_id=t("</s>"), pad_token_id=self.tokenizer.pad_token_id),
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096),
             vision_config=dict(model_type="dinov2", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                                image_size=56, patch_size=14),
-            image_token_index=t("<image>"), vision_feature_select_strategy="default", vision_feature_layer=-1)
+            vision_feature_select_strategy="default", vision_feature_layer=-1)
 
-    def read_config(self, folder):
+    def config_from(self, data: dict):
+        """The release's ``Maira2Config`` (a ``LlavaConfig`` with ``projector_n_layers``) as transformers' ``LlavaConfig``."""
         from transformers import LlavaConfig
-        import json
 
-        data = json.loads((folder / "config.json").read_text())
+        data = {k: v for k, v in data.items() if not k.startswith("_source")}
         extra = {k: data.pop(k) for k in ("projector_n_layers",) if k in data}
         config = LlavaConfig(**{k: v for k, v in data.items() if k not in ("architectures", "auto_map", "model_type")})
         for key, value in extra.items():

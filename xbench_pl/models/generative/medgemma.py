@@ -57,19 +57,19 @@ class MedGemma(GenerativeModel):
     MAX_NEW_TOKENS = 1000
     SIGLIP_ONE_VIEW = True  # its SigLIP sees each image once: gradient explainers may target it (explainers/towers.py)
     ANSWERS = ("yes", "no")
+    TOKEN_FIELDS = {"image_token_index": "<image_soft_token>", "boi_token_index": "<start_of_image>",
+                    "eoi_token_index": "<end_of_image>"}
+    STOP_TOKEN = "<end_of_turn>"
 
     def tiny_config(self, vocab_size: int):
         from transformers import Gemma3Config
 
-        t = self.tokenizer.convert_tokens_to_ids
         return Gemma3Config(
             text_config=dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, head_dim=16, sliding_window=64, max_position_embeddings=4096,
-                             bos_token_id=t("<bos>"), eos_token_id=t("<end_of_turn>"), pad_token_id=self.tokenizer.pad_token_id),
+                             num_key_value_heads=2, head_dim=16, sliding_window=64, max_position_embeddings=4096),
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
                                patch_size=8, vision_use_head=False),
-            mm_tokens_per_image=16, image_token_index=t("<image_soft_token>"), boi_token_index=t("<start_of_image>"),
-            eoi_token_index=t("<end_of_image>"))
+            mm_tokens_per_image=16)
 
     def build(self, config) -> None:
         super().build(config)

@@ -44,19 +44,18 @@ class RadVLM(GenerativeModel):
     GROUNDING_PROMPT = "Where is the {} located in this Chest X-ray?"
     RELEASE = {"hub": "KrauthammerLab/RadVLM", "licence": "code CC-BY-NC-4.0; weights not stated", "transformers": "4.46.0"}
     MAX_NEW_TOKENS = 128
+    TOKEN_FIELDS = {"image_token_index": "<image>", "video_token_index": "<video>"}
+    STOP_TOKEN = "<|im_end|>"
 
     def tiny_config(self, vocab_size: int):
         from transformers import LlavaOnevisionConfig
 
-        t = self.tokenizer.convert_tokens_to_ids
         return LlavaOnevisionConfig(
             text_config=dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             eos_token_id=t("<|im_end|>"), pad_token_id=self.tokenizer.pad_token_id),
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
             vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=2, image_size=56, patch_size=14, vision_use_head=False),
-            image_token_index=t("<image>"), video_token_index=t("<video>"), image_grid_pinpoints=[[56, 56], [56, 112], [112, 56]],
-            vision_feature_select_strategy="full", vision_feature_layer=-1)
+            image_grid_pinpoints=[[56, 56], [56, 112], [112, 56]], vision_feature_select_strategy="full", vision_feature_layer=-1)
 
     def input_preprocess(self) -> Preprocess:
         from transformers.image_processing_utils import select_best_resolution
