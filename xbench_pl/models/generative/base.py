@@ -224,8 +224,9 @@ class GenerativeModel(ZeroShotModel):
         ids = self.tokenizer.convert_tokens_to_ids
         for field, token in self.TOKEN_FIELDS.items():
             setattr(config, field, ids(token))
-        text = config.get_text_config()
-        text.eos_token_id, text.pad_token_id = ids(self.STOP_TOKEN), self.tokenizer.pad_token_id
+        for part in {id(c): c for c in (config, config.get_text_config())}.values():  # the composite's own, where it has them
+            if part is config.get_text_config() or getattr(part, "eos_token_id", None) is not None:
+                part.eos_token_id, part.pad_token_id = ids(self.STOP_TOKEN), self.tokenizer.pad_token_id
         return config
 
     def load_release(self, folder: Path) -> None:

@@ -75,7 +75,8 @@ class Lingshu(GenerativeModel):
         return Qwen2_5_VLConfig(
             text_config=dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True),
+                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True,
+                             bos_token_id=None, eos_token_id=None),  # Qwen's ids are past this vocabulary: stand_in_ids sets them
             vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=PATCH,
                                spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL, window_size=56, fullatt_block_indexes=[1]),
             tie_word_embeddings=True)
