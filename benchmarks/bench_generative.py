@@ -71,7 +71,7 @@ def plain_loop(model, images: torch.Tensor, findings: list[str]):
 def measure(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     from xbench_pl.registry import create_model
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.device(device):  # built where it runs: a release size's random init on the GPU
         warnings.simplefilter("ignore")  # the random-weights warning: this is a benchmark of random weights
         model = create_model(name, random_init=True, random_size=args.size, max_new_tokens=args.max_new_tokens)
     model = model.to(device=device, dtype=dtype).eval()

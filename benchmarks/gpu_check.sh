@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_check.sh            # logs and tables under $OUT (default: gpu_check_out)
 # 1. the venv as the README makes it (skipped when .venv already imports xbench_pl), 2. `pytest -m cuda`,
 # 3. bench_full_scale.py on CUDA for the CLIP-class and ResNet models in 32-true and bf16-mixed, and on the CPU for
-# the same maps' baseline, 4. bench_metrics.py on CUDA. Every step has a timeout and goes on after a failure;
+# the same maps' baseline, 4. bench_metrics.py on CUDA, 5. bench_generative.py at the releases' sizes. Every step has a timeout and goes on after a failure;
 # the exit status is the number of steps that failed.
 set -x
 OUT=${OUT:-gpu_check_out}
@@ -29,4 +29,7 @@ step bench_full_scale_fp32 600 $PY benchmarks/bench_full_scale.py --device cuda 
 step bench_full_scale_bf16 600 $PY benchmarks/bench_full_scale.py --device cuda --limit 200 --precision bf16-mixed --models $MODELS
 step bench_full_scale_cpu 600 $PY benchmarks/bench_full_scale.py --device cpu --limit 4 --models clip kad_224
 step bench_metrics_cuda 600 $PY benchmarks/bench_metrics.py --device cuda
+# 5. the grounded generative models at their release sizes (random weights, bf16): overhead against plain generate
+step bench_generative_release 900 $PY benchmarks/bench_generative.py --size release --device cuda --dtype bfloat16 --images 2 \
+  --findings 4 --max-new-tokens 64 --repeats 3
 exit $failed
