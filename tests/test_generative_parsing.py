@@ -301,3 +301,19 @@ def test_every_medgemma_case_is_checked():
     named = {"empty_list", "no_box_plain_text", "malformed_json", "truncated_no_closing_fence", "box_with_3_numbers",
              "unfenced_list", "qwen_style_key_bbox_2d", "trailing_code_span_after_json", "single_object_not_list"}
     assert set(MEDGEMMA) == set(MEDGEMMA_DRAWN) | named
+
+
+def test_qwen_patches_are_the_image_processors():
+    """Lingshu's pixels: ``qwen_patches`` cuts the model input into Qwen2-VL's flattened patches (the frame repeated for
+    the temporal patch, merge-window order) exactly as transformers' ``Qwen2VLImageProcessor`` does for an input already
+    at its size (no resize, rescale or normalisation: ``Preprocess`` did those)."""
+    import torch
+    from transformers import Qwen2VLImageProcessor
+
+    from xbench_pl.models.generative.lingshu import qwen_patches
+
+    x = torch.randn(2, 3, 56, 84, generator=torch.Generator().manual_seed(0))
+    processor = Qwen2VLImageProcessor(do_resize=False, do_rescale=False, do_normalize=False, do_convert_rgb=False)
+    theirs = processor(images=[x[0].numpy(), x[1].numpy()], return_tensors="pt", input_data_format="channels_first")
+    ours, grid = qwen_patches(x)
+    assert torch.equal(grid, theirs["image_grid_thw"]) and torch.equal(ours, theirs["pixel_values"])
