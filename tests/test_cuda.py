@@ -36,9 +36,13 @@ NOT_ON_GPU = {"reader": "its maps are another reader's annotations (CheXlocalize
 FAMILY = {"clip": "clip", "open_clip": "clip", "chexzero": "chexzero", "biomedclip": "biomedclip", "kad": "kad",
           "kad_224": "kad", "kad_512": "kad", "kad_1024": "kad", "devide": "devide", "carzero": "carzero",
           "medklip": "medklip", "mavl": "mavl", "mavl_46": "mavl", "biovil": "biovil", "biovil_t": "biovil_t",
-          "radzero": "radzero", "center": "center", "uniform": "uniform", "location_prior": "location_prior"}
-#: the native maps' families that an explainer can explain (the baselines have no network)
-NETWORKS = sorted({family for family in FAMILY.values() if family not in ("center", "uniform", "location_prior")})
+          "radzero": "radzero", "center": "center", "uniform": "uniform", "location_prior": "location_prior",
+          "maira2": "maira2", "medgemma": "medgemma", "lingshu": "lingshu", "radvlm": "radvlm"}
+#: the generative families (tiny random configurations; short answers)
+GENERATIVE = ("maira2", "medgemma", "lingshu", "radvlm")
+#: the native maps' families that an explainer can explain (the baselines have no network; Qwen2.5-VL's and
+#: LLaVA-OneVision's towers no explainer reads: docs/models.md)
+NETWORKS = sorted({family for family in FAMILY.values() if family not in ("center", "uniform", "location_prior", "lingshu", "radvlm")})
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +67,8 @@ def tiny_models(builders, tmp_path_factory):  # noqa: F811
             return xbench_pl.create_model("chexzero", architecture=str(chexzero), random_init=True, **options)
         if family in ("center", "uniform", "location_prior"):
             return xbench_pl.create_model(family, **options)
+        if family in GENERATIVE:
+            return xbench_pl.create_model(family, random_init=True, max_new_tokens=8, **options)
         return builders(family, **options)
 
     return build

@@ -27,6 +27,7 @@ on a CPU. Nothing downloads, and no remote code runs.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -113,6 +114,8 @@ class GenerativeModel(ZeroShotModel):
     TOKEN_FIELDS: dict[str, str] = {}
     #: the token that ends an answer (the chat turn's end)
     STOP_TOKEN = ""
+    #: the release's key names (as its authors' transformers saved them) to this transformers' (``checkpoint_filter``)
+    RELEASE_RENAMES: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, checkpoint: str | None = None, random_init: bool = False, random_size: Literal["tiny", "release"] = "tiny",
                  max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
@@ -242,8 +245,14 @@ class GenerativeModel(ZeroShotModel):
         load_weights(self.network, self.checkpoint_filter(state), str(folder))
 
     def checkpoint_filter(self, state: dict) -> dict:
-        """The release's keys as the transformers class names them (default: unchanged)."""
-        return state
+        """The release's keys in transformers 5's names: each family's ``RELEASE_RENAMES`` (regex, replacement) applied in
+        order; the strict loader names any key left over."""
+        out = {}
+        for key, value in state.items():
+            for pattern, new in self.RELEASE_RENAMES:
+                key = re.sub(pattern, new, key)
+            out[key] = value
+        return out
 
     @classmethod
     def release_network(cls, data: dict, device: str | torch.device = "meta"):

@@ -15,7 +15,6 @@ card, as reported by third parties; check it); the authors' evaluation kit pins 
 
 from __future__ import annotations
 
-import re
 
 import torch
 from jsonargparse.typing import PositiveInt
@@ -54,6 +53,7 @@ class Lingshu(GenerativeModel):
         image_size: the square input side (a multiple of 28); None: 448 (the tiny configuration: 56).
     """
 
+    RELEASE_RENAMES = RELEASE_RENAMES
     NETWORK = "Qwen2_5_VLForConditionalGeneration"
     IMAGE_TOWER = "network.model.visual"
     SPECIAL_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>", "<|im_start|>", "<|im_end|>")
@@ -111,12 +111,3 @@ class Lingshu(GenerativeModel):
 
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return qwen_boxes(text)
-
-    def checkpoint_filter(self, state: dict) -> dict:
-        """The release's keys in transformers 5's names (``RELEASE_RENAMES``); the strict loader names any left over."""
-        out = {}
-        for key, value in state.items():
-            for pattern, new in RELEASE_RENAMES:
-                key = re.sub(pattern, new, key)
-            out[key] = value
-        return out

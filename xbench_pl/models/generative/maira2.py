@@ -46,11 +46,11 @@ RELEASE_MEAN, RELEASE_STD = (0.5307,) * 3, (0.2583,) * 3
 PROMPT = ("<s>You are an expert radiology assistant tasked with interpreting a chest X-ray study.  USER:  Given the current "
           "frontal image{image} Repeat the following finding as a grounded phrase with bounding boxes indicating all locations "
           "where it can be seen in the given chest X-ray image. Finding: {text}  ASSISTANT: ")
-#: transformers 4.x names of the release -> this transformers' (prefixes, then DINOv2's attention)
-RENAMES = (("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
-           ("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector."))
-DINOV2_ATTENTION = ((".attention.attention.query.", ".attention.q_proj."), (".attention.attention.key.", ".attention.k_proj."),
-                    (".attention.attention.value.", ".attention.v_proj."), (".attention.output.dense.", ".attention.o_proj."))
+#: transformers 4.x names of the release -> this transformers' (``re.sub`` in order: prefixes, then DINOv2's attention)
+RELEASE_RENAMES = ((r"^language_model\.model\.", "model.language_model."), (r"^language_model\.lm_head\.", "lm_head."),
+                   (r"^vision_tower\.", "model.vision_tower."), (r"^multi_modal_projector\.", "model.multi_modal_projector."),
+                   (r"\.attention\.attention\.query\.", ".attention.q_proj."), (r"\.attention\.attention\.key\.", ".attention.k_proj."),
+                   (r"\.attention\.attention\.value\.", ".attention.v_proj."), (r"\.attention\.output\.dense\.", ".attention.o_proj."))
 
 
 class Maira2Projector(nn.Module):
@@ -95,6 +95,7 @@ def maira2_network_classes():
 class Maira2(GenerativeModel):
     """MAIRA-2; see the module."""
 
+    RELEASE_RENAMES = RELEASE_RENAMES
     NETWORK = "LlavaForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image>", "<s>", "</s>", "<obj>", "</obj>", "<box>", "</box>",
@@ -132,18 +133,6 @@ class Maira2(GenerativeModel):
         for key, value in extra.items():
             setattr(config, key, value)
         return config
-
-    def checkpoint_filter(self, state: dict) -> dict:
-        out = {}
-        for key, value in state.items():
-            for old, new in RENAMES:
-                if key.startswith(old):
-                    key = new + key[len(old):]
-                    break
-            for old, new in DINOV2_ATTENTION:
-                key = key.replace(old, new)
-            out[key] = value
-        return out
 
     def input_preprocess(self) -> Preprocess:
         size = self.network.config.vision_config.image_size

@@ -14,7 +14,6 @@ login``); transformers >= 4.50.0.
 
 from __future__ import annotations
 
-import re
 
 import torch
 
@@ -48,6 +47,7 @@ EMBEDDINGS = "model.language_model.embed_tokens.weight"
 class MedGemma(GenerativeModel):
     """MedGemma 4B (Gemma 3); see the module."""
 
+    RELEASE_RENAMES = RELEASE_RENAMES
     NETWORK = "Gemma3ForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image_soft_token>", "<start_of_image>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>", "<bos>")
@@ -104,11 +104,7 @@ class MedGemma(GenerativeModel):
         """The release's keys in transformers 5's names (``RELEASE_RENAMES``). Gemma 3 ties the output layer to the input
         embeddings (``tie_word_embeddings``), so the release stores no ``lm_head``: where the network ties them, the
         embeddings fill ``lm_head.weight`` too, as transformers' ``tie_weights`` does (the same tensor)."""
-        out = {}
-        for key, value in state.items():
-            for pattern, new in RELEASE_RENAMES:
-                key = re.sub(pattern, new, key)
-            out[key] = value
+        out = super().checkpoint_filter(state)
         network = self.network
         if "lm_head.weight" not in out and EMBEDDINGS in out and network.lm_head.weight is network.get_input_embeddings().weight:
             out["lm_head.weight"] = out[EMBEDDINGS]

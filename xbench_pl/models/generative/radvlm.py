@@ -13,7 +13,6 @@ weights not stated (PhysioNet lists the model as credentialed access); the autho
 
 from __future__ import annotations
 
-import re
 
 import torch
 
@@ -38,6 +37,7 @@ RELEASE_RENAMES = ((r"^language_model\.model\.", "model.language_model."), (r"^l
 class RadVLM(GenerativeModel):
     """RadVLM (LLaVA-OneVision); see the module."""
 
+    RELEASE_RENAMES = RELEASE_RENAMES
     NETWORK = "LlavaOnevisionForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image>", "<video>", "<|im_start|>", "<|im_end|>")
@@ -90,12 +90,3 @@ class RadVLM(GenerativeModel):
 
     def parse(self, text: str) -> list[tuple[float, ...]]:
         return radvlm_boxes(text, self.preprocess.size)
-
-    def checkpoint_filter(self, state: dict) -> dict:
-        """The release's keys in transformers 5's names (``RELEASE_RENAMES``); the strict loader names any left over."""
-        out = {}
-        for key, value in state.items():
-            for pattern, new in RELEASE_RENAMES:
-                key = re.sub(pattern, new, key)
-            out[key] = value
-        return out

@@ -66,31 +66,33 @@ def lingshu(c: dict) -> dict:
                  "visual.merger.mlp.2.weight": [v["out_hidden_size"], merged], "visual.merger.mlp.2.bias": [v["out_hidden_size"]]}}
 
 
-def medgemma(c: dict) -> dict:
+def siglip_llm(c: dict, head_dim: int, qkv_bias: bool, gemma: bool, keys: dict) -> dict:
+    """A SigLIP tower and a language model saved under ``language_model.model.`` (Gemma 3, LLaVA-OneVision), and ``keys``."""
     t, v = c["text_config"], c["vision_config"]
-    h, hv = t["hidden_size"], v["hidden_size"]
+    h = t["hidden_size"]
     tower, tower_keys = siglip("vision_tower.vision_model.", v)
     return {
         "stacks": [{"prefix": "language_model.model.layers.{}", "count": t["num_hidden_layers"],
                     "keys": decoder_layer(h, t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"],
-                                          t["head_dim"], qkv_bias=False, gemma=True)}, tower],
+                                          head_dim, qkv_bias=qkv_bias, gemma=gemma)}, tower],
         "keys": {"language_model.model.embed_tokens.weight": [t["vocab_size"], h], "language_model.model.norm.weight": [h],
-                 "multi_modal_projector.mm_input_projection_weight": [hv, h], "multi_modal_projector.mm_soft_emb_norm.weight": [hv],
-                 **tower_keys}}
+                 **keys, **tower_keys}}
+
+
+def medgemma(c: dict) -> dict:
+    t, hv = c["text_config"], c["vision_config"]["hidden_size"]
+    h = t["hidden_size"]
+    return siglip_llm(c, t["head_dim"], False, True, {"multi_modal_projector.mm_input_projection_weight": [hv, h],
+                                                      "multi_modal_projector.mm_soft_emb_norm.weight": [hv]})
 
 
 def radvlm(c: dict) -> dict:
-    t, v = c["text_config"], c["vision_config"]
-    h, hv = t["hidden_size"], v["hidden_size"]
-    tower, tower_keys = siglip("vision_tower.vision_model.", v)
-    return {
-        "stacks": [{"prefix": "language_model.model.layers.{}", "count": t["num_hidden_layers"],
-                    "keys": decoder_layer(h, t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"],
-                                          h // t["num_attention_heads"], qkv_bias=True)}, tower],
-        "keys": {"language_model.model.embed_tokens.weight": [t["vocab_size"], h], "language_model.model.norm.weight": [h],
-                 "language_model.lm_head.weight": [t["vocab_size"], h], "image_newline": [h],
-                 "multi_modal_projector.linear_1.weight": [h, hv], "multi_modal_projector.linear_1.bias": [h],
-                 "multi_modal_projector.linear_2.weight": [h, h], "multi_modal_projector.linear_2.bias": [h], **tower_keys}}
+    t, hv = c["text_config"], c["vision_config"]["hidden_size"]
+    h = t["hidden_size"]
+    return siglip_llm(c, h // t["num_attention_heads"], True, False, {
+        "language_model.lm_head.weight": [t["vocab_size"], h], "image_newline": [h],
+        "multi_modal_projector.linear_1.weight": [h, hv], "multi_modal_projector.linear_1.bias": [h],
+        "multi_modal_projector.linear_2.weight": [h, h], "multi_modal_projector.linear_2.bias": [h]})
 
 
 def maira2(c: dict) -> dict:
