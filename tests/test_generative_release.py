@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -55,8 +54,11 @@ def network(family: str):
 
 
 def renamed(family: str, state: dict) -> dict:
-    """The family's ``checkpoint_filter`` (it reads nothing of the model but ``network``)."""
-    return FAMILIES[family].checkpoint_filter(SimpleNamespace(network=network(family)), state)
+    """The family's ``checkpoint_filter`` (it reads nothing of the model but its class and ``network``)."""
+    shell = FAMILIES[family].__new__(FAMILIES[family])
+    torch.nn.Module.__init__(shell)
+    shell.network = network(family)
+    return shell.checkpoint_filter(state)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

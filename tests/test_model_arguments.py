@@ -25,7 +25,8 @@ STAND_INS = {"biomedclip": ["tokenizer"], "biovil": ["tokenizer"], "biovil_t": [
              "devide": ["tokenizer"], "kad": ["tokenizer"], "kad_224": ["tokenizer"], "kad_512": ["tokenizer"],
              "kad_1024": ["tokenizer"], "radzero": ["tokenizer"], "medklip": ["knowledge", "text encoder"],
              "mavl": ["knowledge", "text encoder"], "mavl_46": ["knowledge", "text encoder"],
-             "reader": ["reader who marked nothing"]}
+             "reader": ["reader who marked nothing"], "maira2": ["tokenizer"], "medgemma": ["tokenizer"], "lingshu": ["tokenizer"],
+             "radvlm": ["tokenizer"]}
 
 
 def model_arguments(cls: type) -> set[str]:

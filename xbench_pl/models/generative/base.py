@@ -2,7 +2,7 @@
 
 For every (image, finding or phrase) it gives three things (``zero_shot``):
 
-1. **stated boxes** (``ZeroShotOutput.stated``): the model's own grounding prompt (``grounding_prompt``, each family's
+1. **stated boxes** (``ZeroShotOutput.stated``): the model's own grounding prompt (``GROUNDING_PROMPT``, each family's
    documented one), generated greedily (``do_sample=False``, left padding, KV cache, at most ``max_new_tokens``), the
    raw text kept, parsed by the family's convention (``parsing``) into boxes in model-input pixels; an answer that
    cannot be parsed is counted (``parse_failure_rate``) and scored as no box.
@@ -15,10 +15,16 @@ For every (image, finding or phrase) it gives three things (``zero_shot``):
    output with torch's SDPA and the last row's weights beside it), so memory does not grow with the square of the
    sequence.
 
+The image tower runs once per image (``image_features``); its features go to each of that image's prompts
+(transformers' ``mm_encoder_outputs``), and a forward never mixes images, so how images fall into batches and
+processes changes no number. Gradient explainers explain the recognition forward (``explainer_forward``); the boxes
+are stated after them, outside their hooks (``explained``).
+
 An architecture module (``lingshu.py``, ``medgemma.py``, ...) subclasses ``GenerativeModel`` and gives what differs:
 the transformers class and its configs (the release's and a tiny one built in code), the chat template
-(``prompt``), the image inputs (``image_inputs``), the image token and grid, the box convention (``parse``) and its
-stand-in tokenizer's special tokens. Weights: a local copy of the release's folder (``checkpoint``: its
+(``prompt``), the image inputs (``image_inputs``) and what the release's processor gives beside the ids
+(``token_inputs``, ``layout_inputs``), the image token and grid, the box convention (``parse``), its stand-in
+tokenizer's special tokens (``TOKEN_FIELDS``, ``STOP_TOKEN``) and its release's key names (``RELEASE_RENAMES``). Weights: a local copy of the release's folder (``checkpoint``: its
 ``config.json``, tokenizer files and safetensors), or ``random_init``: a tiny configuration of the same classes built
 in code (``tiny_config``: a few layers, hidden sizes 32-64, a smaller input) with a stand-in tokenizer, for smoke runs
 on a CPU. Nothing downloads, and no remote code runs.

@@ -54,6 +54,8 @@ class Lingshu(GenerativeModel):
     """
 
     RELEASE_RENAMES = RELEASE_RENAMES
+    #: the cascade of weight randomization (``models.randomization``), top first: the language model, then the image tower
+    RANDOMIZATION_STAGES = (("language model", ("network.lm_head", "network.model.language_model")), ("image tower", ("network.model.visual",)))
     NETWORK = "Qwen2_5_VLForConditionalGeneration"
     IMAGE_TOWER = "network.model.visual"
     SPECIAL_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>", "<|im_start|>", "<|im_end|>")

@@ -96,6 +96,9 @@ class Maira2(GenerativeModel):
     """MAIRA-2; see the module."""
 
     RELEASE_RENAMES = RELEASE_RENAMES
+    #: the cascade of weight randomization (``models.randomization``), top first
+    RANDOMIZATION_STAGES = (("language model", ("network.lm_head", "network.model.language_model")), ("projector", ("network.model.multi_modal_projector",)),
+                            ("image tower", ("network.model.vision_tower",)))
     NETWORK = "LlavaForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image>", "<s>", "</s>", "<obj>", "</obj>", "<box>", "</box>",

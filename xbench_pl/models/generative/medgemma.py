@@ -48,6 +48,9 @@ class MedGemma(GenerativeModel):
     """MedGemma 4B (Gemma 3); see the module."""
 
     RELEASE_RENAMES = RELEASE_RENAMES
+    #: the cascade of weight randomization (``models.randomization``), top first
+    RANDOMIZATION_STAGES = (("language model", ("network.lm_head", "network.model.language_model")), ("projector", ("network.model.multi_modal_projector",)),
+                            ("image tower", ("network.model.vision_tower",)))
     NETWORK = "Gemma3ForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image_soft_token>", "<start_of_image>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>", "<bos>")

@@ -38,6 +38,9 @@ class RadVLM(GenerativeModel):
     """RadVLM (LLaVA-OneVision); see the module."""
 
     RELEASE_RENAMES = RELEASE_RENAMES
+    #: the cascade of weight randomization (``models.randomization``), top first
+    RANDOMIZATION_STAGES = (("language model", ("network.lm_head", "network.model.language_model")), ("projector", ("network.model.multi_modal_projector", "network.model.image_newline")),
+                            ("image tower", ("network.model.vision_tower",)))
     NETWORK = "LlavaOnevisionForConditionalGeneration"
     IMAGE_TOWER = "network.model.vision_tower"
     SPECIAL_TOKENS = ("<image>", "<video>", "<|im_start|>", "<|im_end|>")
