@@ -77,6 +77,15 @@ def test_user_error_lines(capsys, argv, line):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("model", ["devide", "clip", "maira2"])
+def test_a_model_without_its_checkpoint_says_how_to_run_it_without_one(capsys, model, tmp_path, monkeypatch):
+    """No checkpoint and none pulled (DeViDe has no release at all): the one line names the smoke-test switch too."""
+    monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path / "empty_cache"))
+    code, _, err = run(capsys, "test", "--model", model, "--data", "demo", "--out", str(tmp_path / "out"))
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert "--model.random_init true" in " ".join(err.split())
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU that is not there")
 def test_a_gpu_that_is_not_there_is_one_line_before_the_model_loads(capsys):
     """The README's GPU command on a machine without one: one line, exit 2, before the model (a missing checkpoint

@@ -37,7 +37,7 @@ FAMILY = {"clip": "clip", "open_clip": "clip", "chexzero": "chexzero", "biomedcl
           "kad_224": "kad", "kad_512": "kad", "kad_1024": "kad", "devide": "devide", "carzero": "carzero",
           "medklip": "medklip", "mavl": "mavl", "mavl_46": "mavl", "biovil": "biovil", "biovil_t": "biovil_t",
           "radzero": "radzero", "center": "center", "uniform": "uniform", "location_prior": "location_prior",
-          "maira2": "maira2", "medgemma": "medgemma", "lingshu": "lingshu", "radvlm": "radvlm"}
+          "maira2": "maira2", "medgemma": "medgemma", "medgemma_1_5": "medgemma", "lingshu": "lingshu", "radvlm": "radvlm"}
 #: the generative families (tiny random configurations; short answers)
 GENERATIVE = ("maira2", "medgemma", "lingshu", "radvlm")
 #: the native maps' families that an explainer can explain (the baselines have no network; Qwen2.5-VL's and

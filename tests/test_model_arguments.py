@@ -25,7 +25,7 @@ STAND_INS = {"biomedclip": ["tokenizer"], "biovil": ["tokenizer"], "biovil_t": [
              "devide": ["tokenizer"], "kad": ["tokenizer"], "kad_224": ["tokenizer"], "kad_512": ["tokenizer"],
              "kad_1024": ["tokenizer"], "radzero": ["tokenizer"], "medklip": ["knowledge", "text encoder"],
              "mavl": ["knowledge", "text encoder"], "mavl_46": ["knowledge", "text encoder"],
-             "reader": ["reader who marked nothing"], "maira2": ["tokenizer"], "medgemma": ["tokenizer"], "lingshu": ["tokenizer"],
+             "reader": ["reader who marked nothing"], "maira2": ["tokenizer"], "medgemma": ["tokenizer"], "medgemma_1_5": ["tokenizer"], "lingshu": ["tokenizer"],
              "radvlm": ["tokenizer"]}
 
 

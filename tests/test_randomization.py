@@ -180,7 +180,7 @@ def test_a_copy_leaves_the_evaluation_state_behind():
 FULL_SIZE_STAGES = {"clip": 15, "chexzero": 15, "biomedclip": 15, "open_clip": 15, "biovil": 19, "biovil_t": 19, "medklip": 17,
                     "mavl": 17, "mavl_46": 17, "kad": 20, "kad_224": 17, "kad_512": 20, "kad_1024": 20, "devide": 16,
                     "carzero": 16, "radzero": 16, "uniform": 0, "center": 0, "location_prior": 0, "reader": 0,
-                    "maira2": 3, "medgemma": 3, "lingshu": 2, "radvlm": 3}  # the generative ones: their tiny configurations
+                    "maira2": 3, "medgemma": 3, "medgemma_1_5": 3, "lingshu": 2, "radvlm": 3}  # the generative ones: their tiny configurations
 
 
 def test_every_registered_model_at_full_size_declares_a_cascade_covering_its_weights():

@@ -82,6 +82,14 @@ def test_bad_sweep_files_are_refused(tmp_path, capsys):
     assert sweep.main([str(tmp_path / "missing.yaml")]) == 2
 
 
+@pytest.mark.parametrize("count", ["-1", "0"])
+def test_a_count_below_one_is_refused_not_sliced(tmp_path, capsys, count):
+    """``--count -1`` once ran 5 of a grid's 6 runs (a Python slice): refused in one line, nothing planned."""
+    assert sweep.main([str(REPO / "sweeps" / "center_sigma.yaml"), "--dry-run", "--count", count, "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("error:") == 1 and f"--count {count}" in captured.err and not captured.out
+
+
 def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
     assert sweep.main([str(REPO / "sweeps" / "clip_prompts.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

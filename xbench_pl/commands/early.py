@@ -259,4 +259,4 @@ def released_weights(argv: list[str]) -> Released:
     return Released(argv, None, tuple(str(cache / ref) for refs in wanted.values() for ref in refs if lacks(ref)),
                     f"--model {name}: its released files are not in the weights cache {cache} ({len(missing)} missing, "
                     f"e.g. {missing[0].relative_to(cache)}): run `{PULL_COMMAND} {name}` (same ${CACHE_ENV}), or give "
-                    "--model.checkpoint PATH")
+                    "--model.checkpoint PATH, or --model.random_init true for a smoke run with random weights")

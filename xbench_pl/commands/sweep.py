@@ -142,6 +142,8 @@ def draw(name: str, spec: dict, rng: random.Random):
 def expand(sweep: dict, count: int | None = None, seed: int = 0) -> list[dict]:
     """The configurations of a sweep: ``grid`` -> the product of the values (YAML order, last varies
     fastest), ``random`` -> ``count`` (or ``run_cap``) seeded draws."""
+    if count is not None and count < 1:  # a slice by -1 would silently drop the last run
+        raise SweepError(f"--count {count}: a sweep runs at least one configuration (give N >= 1, or no --count for all)")
     parameters = sweep["parameters"]
     if sweep["method"] == "grid":
         axes = []

@@ -56,12 +56,16 @@ def weights_in(folder: Path, what: str, hint: str) -> Path:
     return found
 
 
+#: how to run a model without its files, added where a checkpoint is missing
+RANDOM_INIT_HINT = "; or --model.random_init true (random_init=True) for a smoke run with random weights"
+
+
 def checkpoint_file(checkpoint: str | Path | None, random_init: bool, owner: str, hint: str) -> Path | None:
     """The local checkpoint file, or ``None`` for a ``random_init`` model; ``owner`` (e.g. ``KAD('kad-512')``)
     names the model in the error when neither is given."""
     if checkpoint is None:
         if not random_init:
-            raise ValueError(f"{owner} needs checkpoint=: {hint}")
+            raise ValueError(f"{owner} needs checkpoint=: {hint}{RANDOM_INIT_HINT}")
         return None
     return local_file(checkpoint, "checkpoint", hint)
 

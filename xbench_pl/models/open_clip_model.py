@@ -58,7 +58,7 @@ from xbench_pl.geometry import Preprocess
 from xbench_pl.models import local_files
 from xbench_pl.models.base import ZeroShotModel, ZeroShotOutput
 from xbench_pl.models.checkpoints import load_weights, read_state_dict
-from xbench_pl.models.local_files import SHIPPED_CONFIGS
+from xbench_pl.models.local_files import RANDOM_INIT_HINT, SHIPPED_CONFIGS
 from xbench_pl.models.prompts import PromptSet, TextEmbeddingCache, as_templates
 from xbench_pl.models.stand_ins import stand_in_tokenizer
 
@@ -294,7 +294,7 @@ class OpenCLIPModel(ZeroShotModel):
         if score != "cosine" and not self.prompts.negative:
             raise ValueError(f"score={score!r} needs negative prompt template(s)")
         if checkpoint is None and not random_init:
-            raise ValueError(f"{type(self).__name__}({architecture!r}) needs checkpoint=: {LOCAL_FILES_HINT}")
+            raise ValueError(f"{type(self).__name__}({architecture!r}) needs checkpoint=: {LOCAL_FILES_HINT}{RANDOM_INIT_HINT}")
         checkpoint_file = None if checkpoint is None else find_checkpoint(checkpoint)
         model_cfg, preprocess_cfg = read_architecture(architecture)
         if image_size is not None:

@@ -98,6 +98,8 @@ class GenerativeModel(ZeroShotModel):
         max_new_tokens: the longest grounding answer generated (None: the family's ``MAX_NEW_TOKENS``, its card's).
         question: the recognition question (``{}``: the finding or phrase).
         rows_per_forward: the most prompts of one image per forward and per ``generate`` call (memory).
+        release: the hub repository the checkpoint folder copies (what messages name; a variant's own, e.g. MedGemma
+            1.5's); None: the family's ``RELEASE``.
     """
 
     STATES_BOXES = True
@@ -124,17 +126,23 @@ class GenerativeModel(ZeroShotModel):
     RELEASE_RENAMES: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, checkpoint: str | None = None, random_init: bool = False, random_size: Literal["tiny", "release"] = "tiny",
-                 max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16, **kwargs):
+                 max_new_tokens: PositiveInt | None = None, question: str = QUESTION, rows_per_forward: PositiveInt = 16,
+                 release: str | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.release = release or self.RELEASE["hub"]
         if checkpoint is None and not random_init:
-            raise CheckpointError(f"{type(self).__name__} needs --model.checkpoint DIR, a local copy of {self.RELEASE['hub']} "
-                                  f"(python -m xbench_pl weights pull {self.model_key()}), or --model.random_init true for a smoke run")
+            raise CheckpointError(f"{type(self).__name__} needs --model.checkpoint DIR, a local copy of {self.release} "
+                                  "(`python -m xbench_pl weights pull` with the model's name places it), or --model.random_init "
+                                  "true for a smoke run")
         if "{}" not in question:
             raise ValueError(f"question {question!r} needs a {{}} where the finding goes")
         self.tiny = checkpoint is None and random_size == "tiny"
         self.max_new_tokens = int(max_new_tokens or self.MAX_NEW_TOKENS)
         self.question, self.rows_per_forward = question, int(rows_per_forward)
         self.checkpoint = None if checkpoint is None else Path(checkpoint).expanduser()
+        if self.checkpoint is not None and not self.checkpoint.is_dir():
+            raise FileNotFoundError(f"checkpoint {self.checkpoint}: no such folder; give the release folder of {self.release} "
+                                    "(config.json, tokenizer files, *.safetensors)")
         register_attention()
         if self.checkpoint is not None:
             self.tokenizer = self.load_tokenizer(self.checkpoint)
@@ -203,7 +211,7 @@ class GenerativeModel(ZeroShotModel):
         try:
             return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError) as error:
-            raise CheckpointError(f"{folder}: no tokenizer of {self.RELEASE['hub']} there ({error}); give the release folder "
+            raise CheckpointError(f"{folder}: no tokenizer of {self.release} there ({error}); give the release folder "
                                   "as downloaded (tokenizer.json, tokenizer_config.json)") from None
 
     def read_config(self, folder: Path):
@@ -244,7 +252,7 @@ class GenerativeModel(ZeroShotModel):
 
         files = sorted(folder.glob("*.safetensors"))
         if not files:
-            raise CheckpointError(f"{folder}: no *.safetensors of {self.RELEASE['hub']} there")
+            raise CheckpointError(f"{folder}: no *.safetensors of {self.release} there")
         state = {}
         for file in files:
             state.update(load_file(file))
