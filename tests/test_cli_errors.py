@@ -77,6 +77,15 @@ def test_user_error_lines(capsys, argv, line):
     assert "Traceback" not in err
 
 
+def test_a_config_file_that_is_not_yaml_is_named_with_its_line(capsys, tmp_path):
+    """jsonargparse says only "while parsing a flow sequence": the one line names the file, the line and the column."""
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  class_path: center\ndata: [unclosed\n  eval_size: 64\n")
+    code, _, err = run(capsys, "test", "--config", str(config), "--data", "demo")
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert f"--config {config}: not valid YAML" in " ".join(err.split()) and "line 4" in err
+
+
 @pytest.mark.parametrize("model", ["devide", "clip", "maira2"])
 def test_a_model_without_its_checkpoint_says_how_to_run_it_without_one(capsys, model, tmp_path, monkeypatch):
     """No checkpoint and none pulled (DeViDe has no release at all): the one line names the smoke-test switch too."""

@@ -90,6 +90,19 @@ def test_a_bad_value_stops_before_the_trainer_starts(tmp_path):
         assert "Testing" not in result.stdout and not out.exists()
 
 
+@pytest.mark.parametrize("given, resume, overwrite", [
+    (["--resume"], "true", "false"),  # the messages say "pass --resume": the flag alone means true
+    (["--resume", "--overwrite"], "true", "true"),
+    (["--overwrite", "--resume", "false"], "false", "true"),
+    (["--resume=false", "--overwrite", "true"], "false", "true"),
+    (["--resume", "true", "--overwrite=false"], "true", "false"),
+])
+def test_a_bare_boolean_run_option_means_true(given, resume, overwrite):
+    shown = in_process("test", "--model", "center", "--data", "demo", *given, "--print_config")
+    assert (shown.returncode, shown.stderr) == (0, "")
+    assert f"\nresume: {resume}\n" in shown.stdout and f"\noverwrite: {overwrite}\n" in shown.stdout
+
+
 def test_score_checks_its_metric_options_while_parsing(capsys, tmp_path):
     code, _, err = run(capsys, "score", "--maps", str(tmp_path), "--data", "demo", "--normalize", "foo")
     assert (code, err) == (2, "error: --normalize: expected one of 'minmax', 'max', 'none', got 'foo'\n")

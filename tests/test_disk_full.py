@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from test_cli import REPO, in_process
 from test_demo import files
 
 from xbench_pl.outputs import OutputError, OutputFolder, atomic_write
+from xbench_pl.prediction_store import Store
 
 
 class FullDisk:
@@ -126,17 +128,35 @@ def test_a_run_that_finds_the_disk_full_at_any_write(tmp_path, monkeypatch):
         check_run(out, tmp, result.returncode, result.stderr, complete, 2, ("report.md", "report.html"))
 
 
-@pytest.mark.parametrize("at", [1, 2])
-def test_a_prediction_store_on_a_full_disk_is_one_line_and_resumable(tmp_path, monkeypatch, at):
-    """The manifest (the 1st write) or a shard (the 2nd): one line naming --predictions and --resume, exit 2."""
-    store = tmp_path / "store"
+@pytest.mark.parametrize("at, kept", [(1, 0), (3, 4)])
+def test_a_store_on_a_full_disk_keeps_the_metrics_and_says_what_was_lost(tmp_path, monkeypatch, at, kept):
+    """The store on a full disk, ``--out`` elsewhere with room: the manifest (the 1st write) or the second shard (the
+    3rd) fails. The run goes on without the store: metrics.json and metrics.md in ``--out`` (the numbers of a run
+    without a store), one error line naming the store, what it kept and lost and the command that stores the rest;
+    exit 2. That command completes the store."""
+    store, out = tmp_path / "store", tmp_path / "out"
+    argv = ["test", "--model", "center", "--data", "demo", "--model.bootstrap", "0", "--data.batch_size", "4",
+            "--trainer.enable_progress_bar", "false"]
+    stored = [*argv, "--predictions", str(store), "--predictions_shard_images", "4", "--out", str(out)]
     monkeypatch.setattr(os, "write", FullDisk(store, at))
-    result = in_process("test", "--model", "center", "--data", "demo", "--model.bootstrap", "0", "--predictions", str(store),
-                        "--data.batch_size", "4", "--predictions_shard_images", "4", "--out", str(tmp_path / "out"),
-                        "--trainer.enable_progress_bar", "false")
+    result = in_process(*stored)
+    monkeypatch.undo()
     failed = store / ("manifest.json" if at == 1 else "shards")
     lines = re.split(r"^warning: ", result.stderr, flags=re.M)[0].splitlines()  # in_process adds warnings after it
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"error: --predictions {store}: cannot write {failed}")
-    assert lines[0].endswith(f": no space left on device; make room, then continue with --predictions {store} --resume")
-    assert not any(p.name.endswith(".tmp") for p in store.rglob("*"))
+    command = f"python -m xbench_pl test {shlex.join(stored[1:])} --resume --overwrite"
+    assert lines[0].startswith(f"error: --predictions {store}: cannot write {failed}"), lines[0]
+    assert lines[0].endswith(f": no space left on device; the store kept {kept} of the 12 images, the other {12 - kept} were "
+                             f"computed but not stored (metrics.json and metrics.md are in {out}); make room, then store "
+                             f"the rest with: {command}"), lines[0]
+    assert f"wrote {out / 'metrics.json'} and {out / 'metrics.md'}" in " ".join(result.stdout.split())
+    plain = in_process(*argv, "--out", str(tmp_path / "plain"))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert json.loads((out / "metrics.json").read_text())["datasets"] == json.loads(
+        (tmp_path / "plain" / "metrics.json").read_text())["datasets"]
+    assert (out / "metrics.md").is_file() and not any(p.name.endswith(".tmp") for p in store.rglob("*"))
+    good, bad = Store(store).load()
+    assert bad == [] and sum(len(s["image_ids"]) for s in good) == kept
+    rest = in_process(*shlex.split(command)[3:])  # with room again
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert sum(len(s["image_ids"]) for s in Store(store).load()[0]) == 12

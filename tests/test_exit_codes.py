@@ -41,6 +41,8 @@ def error_paths(f: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["test", "--model", "clip", "--model.checkpoint", str(root / "missing.pt"), *demo], "--model.checkpoint"),
         (["test", "--model", "center", *demo, "--model.sigma", "abc"], "--model.sigma"),
         (["test", "--model", "center", *demo, "--out", str(root / "a_file")], "--out"),
+        (["test", "--model", "center", *demo, "--out", str(f["run"])], "--overwrite"),  # an earlier run's folder
+        (["test", "--model", "center", *demo, "--resume", "maybe"], "--resume"),
         (["test", "--model", "center", *demo, "--columns", "bogus"], "--columns"),
         (["test", "--model", "center", *demo, "--ckpt_path", str(root / "a_file")], "--ckpt_path"),
         (["fit", "--model", "center", *demo, "--data.val_fraction", "1.5"], "--data.val_fraction"),

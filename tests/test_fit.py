@@ -253,6 +253,22 @@ def test_fit_checkpoint_loads_in_test_with_the_fitted_numbers(clip_config, tmp_p
     assert {k: record["validation"][-1]["mean"]["demo"][k] for k in last} == last
 
 
+def test_fit_trains_one_epoch_unless_told_and_says_so(clip_config, tmp_path, capsys):
+    """Lightning's own default is 1,000 epochs; fit's is 1, said in one line when no --trainer.max_epochs (nor
+    max_steps or max_time) was given. One training batch an epoch, no validation: the checkpoint's step count tells."""
+    argv = ["fit", "--model", "open_clip", "--model.architecture", clip_config, "--model.random_init", "true",
+            "--model.bootstrap", "0", "--data", "demo", "--data.batch_size", "4", "--trainer.accelerator", "cpu",
+            "--trainer.enable_progress_bar", "false", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"]
+    note = "fit: 1 epoch, the default (Lightning's: 1,000); --trainer.max_epochs N trains N"
+    for given, steps, said in (([], 1, True), (["--trainer.max_epochs", "2"], 2, False), (["--trainer.max_steps", "3"], 3, False)):
+        out = tmp_path / f"fit{len(given)}{steps}"
+        assert main([*argv, *given, "--out", str(out)]) == 0
+        err = capsys.readouterr().err
+        stored = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert stored["global_step"] == steps, given
+        assert [line for line in err.splitlines() if "epoch" in line] == ([note] if said else []), err
+
+
 @pytest.mark.filterwarnings("ignore:`max_epochs` was not set")  # the refused fit of center gives none
 def test_fit_usage_errors_are_one_line(clip_config, capsys, tmp_path):
     out = ["--out", str(tmp_path)]  # the datamodule writes the split before the model says it has nothing to fit

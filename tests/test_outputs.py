@@ -135,6 +135,40 @@ def test_results_that_cannot_be_written_go_to_a_fallback_folder(tmp_path, capsys
     assert list(out.iterdir()) == []  # nor half a file
 
 
+def test_test_over_an_earlier_run_is_refused_before_any_model_unless_overwrite(tmp_path, capsys):
+    """An ``--out`` that holds a run's metrics.json: one line naming it and the fix, exit 2, before any model is built
+    (the model here could not be: its checkpoint is absent), from the command line or a ``--config``. ``--overwrite``
+    (bare or ``true``) replaces its files and says so. A folder without metrics.json (a sweep's run folder after a
+    failed run: params.json, log.txt) is not an earlier run."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "metrics.json").write_text('{"earlier": true}\n')
+    unbuildable = ["--model", "open_clip", "--model.checkpoint", str(tmp_path / "absent.pt"), "--data", "demo"]
+    line = (f"error: --out {earlier}: holds an earlier run (its metrics.json); choose another --out, or add --overwrite "
+            "to replace its files\n")
+    assert run(capsys, "test", *unbuildable, "--out", str(earlier)) == (2, line)
+    assert run(capsys, "test", *unbuildable, "--out", str(earlier), "--overwrite", "false") == (2, line)
+    config = tmp_path / "out.yaml"
+    config.write_text(f"out: {earlier}\n")
+    assert run(capsys, "test", *unbuildable, "--config", str(config)) == (2, line)
+    assert (earlier / "metrics.json").read_text() == '{"earlier": true}\n'
+
+    argv = ["test", "--model", "center", "--model.bootstrap", "0", "--data", "demo", "--trainer.enable_progress_bar", "false",
+            "--out", str(earlier)]
+    for overwrite in (["--overwrite"], ["--overwrite", "true"]):
+        code = main([*argv, *overwrite])
+        out = " ".join(capsys.readouterr().out.split())
+        assert code == 0 and json.loads((earlier / "metrics.json").read_text())["model"] == "center"
+        assert f"wrote {earlier / 'metrics.json'} and {earlier / 'metrics.md'}, replacing the earlier run's (--overwrite)" in out
+
+    swept = tmp_path / "runs" / "0123456789"  # sweep re-runs a folder without metrics.json, without --overwrite
+    swept.mkdir(parents=True)
+    (swept / "params.json").write_text("{}\n")
+    (swept / "log.txt").write_text("an earlier attempt\n")
+    assert main([*argv[:-1], str(swept)]) == 0
+    assert "replacing" not in capsys.readouterr().out and (swept / "metrics.json").is_file()
+
+
 def test_the_guard_sees_a_file_written_into_the_tree():
     from conftest import TREE
 

@@ -8,6 +8,7 @@ maps) on the synthetic demo (12 boxed images, 8 findings), batches of 3.
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -174,6 +175,51 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, background):
     assert len(computed) == 6 and not set(computed) & set(stored)  # only the rest was computed
     assert metrics(folder / "resumed") == metrics(run)  # byte for byte
     assert sum(len(s["image_ids"]) for s in Store(store).load()[0]) == 12
+
+
+def interrupted_run(folder: Path) -> tuple[list[str], subprocess.CompletedProcess]:
+    """The background job of the test below: ``killed_run``'s run, sent SIGINT (Ctrl-C) in its third batch instead;
+    (its options, the run)."""
+    store, ready = folder / "store", folder / "ready"
+    args = ["test", *MODEL, *COMMON, "--out", str(folder / "out"), "--predictions", str(store),
+            "--predictions_dtype", "float32", "--predictions_shard_images", "3"]
+    stopped = subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env=cli_env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
+    try:
+        for _ in range(3000):  # until the model reaches its third batch (or the run ends early: a failure)
+            if ready.exists() or stopped.poll() is not None:
+                break
+            try:
+                stopped.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        if ready.exists():
+            stopped.send_signal(signal.SIGINT)
+        out, err = stopped.communicate(timeout=120)
+    finally:
+        if stopped.poll() is None:
+            stopped.kill()
+            stopped.communicate()
+    return args, subprocess.CompletedProcess(stopped.args, stopped.returncode, out, err)
+
+
+@pytest.mark.background(job=interrupted_run)
+def test_ctrl_c_says_what_is_safe_and_the_command_that_continues(reference, background):
+    """Exit 130 (128 + SIGINT) and one line: interrupted, the images safe in the store (the two shards written before
+    the third batch) and the command to continue with ``--resume``, which then completes the run as if never stopped."""
+    run, _ = reference
+    folder, (args, stopped) = background
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    command = f"python -m xbench_pl {shlex.join(args)} --resume"
+    assert errors == [f"error: interrupted (Ctrl-C): 6 of 12 images are safe in the prediction store {folder / 'store'}; "
+                      f"continue with: {command}"], stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and not (folder / "out" / "metrics.json").exists()
+    resumed = in_process(*shlex.split(command)[3:])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "--resume: 6 of 12 images from the prediction store" in " ".join(resumed.stderr.split())
+    assert metrics(folder / "out") == metrics(run)  # byte for byte
 
 
 def test_a_damaged_shard_is_never_trusted_and_its_images_are_redone(reference, tmp_path):

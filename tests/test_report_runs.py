@@ -120,3 +120,15 @@ def test_image_sets_of_as_many_images_are_numbered(tmp_path):
     assert image_sets(runs) == {"demo": {"demo (8 images, set 1)": ["clip"], "demo (8 images, set 2)": ["center"]}}
     assert [list(r.datasets) for r in runs] == [["demo (8 images, set 1)", "demo_dicom"], ["demo (8 images, set 2)", "demo_dicom"]]
     assert datasets(runs) == ["demo (8 images, set 1)", "demo (8 images, set 2)", "demo_dicom"]
+
+
+def test_a_truncated_metrics_json_is_one_line_naming_the_file_and_line(tmp_path, capsys):
+    """A run whose metrics.json was cut short (its run killed while writing, a copy interrupted): one error naming the
+    file and where it breaks, exit 2, no traceback."""
+    write_run(tmp_path / "a", "clip", 1)
+    whole = (tmp_path / "a" / "metrics.json").read_text()
+    (tmp_path / "a" / "metrics.json").write_text(whole[: len(whole) // 2])
+    assert cli_main(["report", str(tmp_path / "a"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert f"{tmp_path / 'a' / 'metrics.json'}: not a complete metrics.json" in " ".join(err.split()) and "line 1" in err

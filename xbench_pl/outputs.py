@@ -57,6 +57,27 @@ def check_writable(folders: Mapping[str, str | Path]) -> None:
             raise OutputError(f"{option} {folder}: {problem}; choose another folder")
 
 
+#: the file that makes a folder an earlier ``test`` run's: ``test --out`` refuses it without ``--overwrite``
+RUN_RECORD = "metrics.json"
+
+
+def earlier_run(out: str | Path) -> bool:
+    """Whether ``out`` holds an earlier run (its ``RUN_RECORD``). A folder without one (a sweep's run folder after a
+    failed run: params.json, log.txt) does not: a run into it replaces nothing."""
+    return (Path(out) / RUN_RECORD).is_file()
+
+
+def check_not_earlier_run(out: str | Path, overwrite: bool) -> bool:
+    """``OutputError`` (one line: the folder and the fix) where ``out`` holds an earlier run and ``overwrite`` is
+    off; else whether this run replaces one."""
+    if not earlier_run(out):
+        return False
+    if not overwrite:
+        raise OutputError(f"--out {out}: holds an earlier run (its {RUN_RECORD}); choose another --out, or add "
+                          "--overwrite to replace its files")
+    return True
+
+
 def atomic_write(path: str | Path, data: bytes | str, sync: bool = False) -> Path:
     """Write ``path`` whole or not at all: ``data`` (text as UTF-8) goes to a temporary name in the same folder,
     renamed over ``path`` (``os.replace``) once complete; on failure the temporary file is removed and ``path`` is
@@ -228,13 +249,27 @@ def split_replicates(report: dict) -> tuple[dict, dict]:
     return without(report, ""), kept
 
 
+def read_json(path: Path, what: str) -> dict:
+    """A run's JSON file (``what`` names it), or a ``ValueError`` naming the file, the line and what to do."""
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a {what} (not text: {error.reason})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a complete {what} ({error.msg}: line {error.lineno}, column {error.colno}): its run "
+                         "did not finish writing it, or it was edited; run it again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a {what} (a JSON {type(data).__name__}, not an object)")
+    return data
+
+
 def read_metrics(folder: str | Path) -> dict:
     """A run's ``metrics.json`` with its tables' replicates put back from ``REPLICATES_FILE`` where it was written."""
     folder = Path(folder)
-    report = json.loads((folder / "metrics.json").read_text())
+    report = read_json(folder / "metrics.json", "metrics.json")
     sidecar = folder / REPLICATES_FILE
     if sidecar.is_file():
-        for path, replicates in json.loads(sidecar.read_text()).items():
+        for path, replicates in read_json(sidecar, REPLICATES_FILE).items():
             node = report
             for key in path.split("/"):
                 node = node.get(key, {}) if isinstance(node, dict) else {}

@@ -16,35 +16,31 @@ float32 store (or a model whose maps are float16) ``metrics.json`` then equals a
 run's byte for byte. A store written by another configuration (model, its config, data config,
 precision, metric settings, dtype, xbench_pl version) is refused, and so is a non-empty store
 without ``resume``.
+
+A write into the store that fails (a full disk) stops the store, not the run: the files written so
+far stay whole, nothing more is written (a manifest that could not be written stops every rank's
+shards), and the run computes its metrics to the end. ``failure`` then says what failed, and
+``stored_images`` what the store kept (``--resume`` stores the rest); at the end of the test a
+warning says so (``warn_failure``), or the CLI, which reports it in its error line once
+``metrics.json`` is written.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from xbench_pl.console import note
-from xbench_pl.outputs import OutputError, write_failure
+from xbench_pl.outputs import write_failure
 from xbench_pl.prediction_store import DTYPES, Store, StoreError, check_same_config, manifest
 from xbench_pl.judging import StatedBoxes, judge_settings
 from xbench_pl.predictions import replay
 from xbench_pl.registry import qualified_name
-
-
-@contextmanager
-def writing(store: Store):
-    """A write into ``store`` that fails (disk full) ends the run in one line (``OutputError``): the files written so
-    far stay whole, and ``--resume`` goes on from them."""
-    try:
-        yield
-    except OSError as error:
-        raise OutputError(f"--predictions {store}: {write_failure(error, store.root)}; make room, then continue with "
-                          f"--predictions {store} --resume") from error
 
 
 def _safe(text: str) -> str:
@@ -65,10 +61,12 @@ class PredictionWriter(Callback):
             (the CLI passes it); by default the model's and datamodule's class paths, the
             datasets' names, classes and eval size, and the trainer's precision.
         model_name: the model's name in the report (the CLI's ``--model`` value).
+        warn_failure: warn at the end of the test when a write into the store failed (``failure``); the CLI, which
+            says so in its error line, turns it off.
     """
 
     def __init__(self, dirpath: str, dtype: str = "float16", resume: bool = False, shard_images: int = 64,
-                 config: dict | None = None, model_name: str | None = None):
+                 config: dict | None = None, model_name: str | None = None, warn_failure: bool = True):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if shard_images < 1:
@@ -82,6 +80,8 @@ class PredictionWriter(Callback):
         self.resumed: dict[str, set[str]] = {}  # dataset -> image ids taken from the store
         self.written = 0
         self.token = ""
+        self.failure: str | None = None  # the write into the store that failed: nothing was written after it
+        self.warn_failure = warn_failure
 
     # -- set-up: the manifest, the check, what to skip --------------------------------------
     def default_config(self, trainer, pl_module) -> dict:
@@ -101,6 +101,7 @@ class PredictionWriter(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "test":
             return
+        self.failure = None
         wanted = self.wanted_manifest(trainer, pl_module)
         stored = self.store.read_manifest()
         good, bad = self.store.load()  # every rank reads the same files before anyone writes
@@ -135,13 +136,13 @@ class PredictionWriter(Callback):
                 note(f"--resume: {taken} of {total} images from the prediction store {self.store.root}, "
                      f"{total - taken} to compute")
             if stored is None:
-                with writing(self.store):
-                    self.store.write_manifest(wanted)
+                self.write(lambda: self.store.write_manifest(wanted))
             if bad:
                 rank_zero_warn(f"{len(bad)} unreadable shard(s) set aside in {self.store.root / 'corrupt'} and their images "
                                "computed again: " + "; ".join(str(b) for b in bad[:3]))
                 self.store.set_aside(bad)
         trainer.strategy.barrier("prediction_store_ready")
+        self.failure = trainer.strategy.broadcast(self.failure, src=0)  # without its manifest no rank writes a shard
         self.token = f"{time.time_ns():x}-{os.getpid()}"
         self.buffers, self.buffered, self.written = {}, {}, 0
 
@@ -191,7 +192,7 @@ class PredictionWriter(Callback):
     def flush(self, trainer, dataset: str) -> None:
         parts = self.buffers.pop(dataset, [])
         self.buffered.pop(dataset, None)
-        if not parts:
+        if not parts or self.failure is not None:  # a store that could not be written takes no more
             return
         sizes = {part["input_size"] for part in parts}
         grids = {tuple(part["saliency"].shape[-2:]) for part in parts}
@@ -207,9 +208,30 @@ class PredictionWriter(Callback):
         if parts[0]["stated"] is not None:  # the boxes a model stated and its raw answers
             shard["stated"] = StatedBoxes.joined([part["stated"] for part in parts])
         name = f"{_safe(dataset)}-rank{trainer.global_rank}-{self.token}-{self.written:05d}"
-        with writing(self.store):
-            self.store.write_shard(name, shard)
-        self.written += 1
+        if self.write(lambda: self.store.write_shard(name, shard)):
+            self.written += 1
+
+    def write(self, write: Callable[[], object]) -> bool:
+        """``write()`` into the store, unless a write failed before; whether it was written. A write that fails (disk
+        full) is kept as ``failure`` and stops the store, not the run."""
+        if self.failure is not None:
+            return False
+        try:
+            write()
+        except OSError as error:
+            self.failure = write_failure(error, self.store.root)
+            return False
+        return True
+
+    def stored_images(self) -> int:
+        """The images in the store's shards that read back intact (every rank's, this run's and earlier ones)."""
+        return sum(len(shard["image_ids"]) for shard in self.store.load()[0])
+
+    def failure_message(self, total: int | None) -> str:
+        """What failed and what the store kept of ``total`` images (None: unknown) and lost: one line."""
+        kept = self.stored_images()
+        lost = "" if total is None else f" of the {total} images, the other {total - kept} were computed but not stored"
+        return f"{self.failure}; the store kept {kept}{lost}"
 
     def flush_all(self, trainer) -> None:
         for dataset in list(self.buffers):
@@ -217,6 +239,15 @@ class PredictionWriter(Callback):
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self.flush_all(trainer)
+        failed = trainer.strategy.reduce_boolean_decision(self.failure is not None, all=False)
+        if failed and self.failure is None:  # rank zero says it: another rank's store write failed
+            self.failure = "a write into the store failed on another rank"
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        if self.failure is not None and self.warn_failure and trainer.is_global_zero:
+            children = getattr(trainer.datamodule, "datamodules", [])
+            total = sum(len(child.test_set.records) for child in children) if children else None
+            rank_zero_warn(f"prediction store {self.store}: {self.failure_message(total)}")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # the buffered batches are complete predictions: keep them for --resume

@@ -6,6 +6,8 @@ library below never imports a command.
 
 Expected user errors end the command with one ``error: ...`` line and exit status 2
 (``errors.user_error_message``); ``--debug`` (or ``XBENCH_DEBUG=1``) shows the traceback instead.
+Ctrl-C (SIGINT) ends it with one line, what the run kept and the command that goes on (``trainer.XBenchCLI``),
+and exit status 130 (``INTERRUPTED``). A boolean option of ``test``/``fit``'s own given alone (``--resume``) is on.
 Any other exception shows its traceback. Lightning's info chatter (seed, device lines, tips, its
 own metric table) is off; the progress bar and warnings stay.
 """
@@ -19,10 +21,13 @@ import sys
 import time
 import warnings
 
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS
+from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, bare_flags
+from xbench_pl.commands.errors import Interrupted
 from xbench_pl.console import is_rank_zero, wrap
 
 DEBUG_ENV = "XBENCH_DEBUG"
+#: the exit status of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as a shell reports it
+INTERRUPTED = 130
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
             "sweep": "sweep", "report": "report", "export": "export", "store": "store", "weights": "weights"}
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             print(trainer_help(command))
             return 0
 
-        problem = trainer_problem(rest)
+        typed, rest = rest, bare_flags(rest)  # typed: for the command a run prints to continue it
+        problem = trainer_problem(rest, command)
         released = Released(rest) if problem else released_weights(rest)
         rest, problem = released.argv, problem or released.problem
         if problem:
@@ -97,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:  # after the import: importing Lightning sets its loggers' levels
             quiet_lightning(short_warnings=from_command_line)
         if command in TRAINER_COMMANDS:
-            return module.run_trainer(command, rest, from_command_line)
+            return module.run_trainer(command, rest, from_command_line, typed=typed)
         return module.main(rest)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: what is kept and how to go on (trainer.Interrupted), no traceback
+        print_error(str(interrupt) if isinstance(interrupt, Interrupted) else "interrupted (Ctrl-C)")
+        return INTERRUPTED
     except Exception as error:
         from xbench_pl.commands.errors import user_error_message
 

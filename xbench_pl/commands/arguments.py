@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Optional
 
 PROG = "python -m xbench_pl"
@@ -29,7 +30,10 @@ RUN_OPTIONS = {
     "model_name": (Optional[str], None, "the model's name in the report (default: the --model value as given)"),
     "predictions": (Optional[str], None, "prediction store folder: save every score and native-grid map as the run goes "
                                          "(re-score with: score --predictions DIR)"),
-    "resume": (bool, False, "continue the --predictions store of an interrupted run: skip the images it holds"),
+    "resume": (bool, False, "continue the --predictions store of an interrupted run: skip the images it holds "
+                            "(--resume alone: true)"),
+    "overwrite": (bool, False, "test into an --out that holds an earlier run (its metrics.json): replace its files "
+                               "(--overwrite alone: true); without it such an --out is refused"),
     "predictions_dtype": (str, "float16", "dtype of the stored maps: float16 (half the size) or float32 (bit-identical "
                                           "re-scoring)"),
     "predictions_shard_images": (int, 64, "images of one dataset per shard and rank (a crash loses at most these)"),
@@ -40,6 +44,8 @@ RUN_OPTIONS = {
 LINKED_OPTIONS = {"out": "trainer.default_root_dir"}
 SEED_DEFAULT = 0
 TRAINER_DEFAULTS = {"logger": False, "enable_checkpointing": False, "devices": 1}
+#: ``fit``'s epochs where none of ``--trainer.max_epochs``, ``max_steps``, ``max_time`` is given (Lightning's: 1,000)
+FIT_DEFAULT_EPOCHS = 1
 #: ``fit`` checkpoints (``OUT/checkpoints/last.ckpt`` unless a logger or a ModelCheckpoint says otherwise); its
 #: trainable parameters are counted in the closing lines, not in Lightning's model summary
 FIT_TRAINER_DEFAULTS = {**TRAINER_DEFAULTS, "enable_checkpointing": True, "enable_model_summary": False}
@@ -82,6 +88,41 @@ def take_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
         if arg.startswith(flag + "="):
             return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
     return None, argv
+
+
+def bare_flags(argv: list[str]) -> list[str]:
+    """``argv`` with each boolean run option given alone (``--resume``, at the end or before another option) as
+    ``--resume true``; ``--resume false`` and ``--resume=false`` stay as they are."""
+    flags = {f"--{name}" for name, (kind, _, _) in RUN_OPTIONS.items() if kind is bool}
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in flags and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("true")
+    return out
+
+
+def flag_value(argv: list[str], flag: str) -> bool:
+    """Whether a boolean run option is on in ``argv`` (``--overwrite``, ``--overwrite true``, ``--overwrite=yes``)."""
+    value = take_option(bare_flags(argv), flag)[0]
+    return value is not None and value.strip().lower() in ("true", "yes", "on")
+
+
+def continue_command(command: str, argv: list[str], options: dict[str, str | None] | None = None) -> str:
+    """``PROG COMMAND ARGV`` with ``options`` (option -> value; None: a boolean run option, on) at the end, each once
+    (given already, perhaps otherwise, it is taken out of ``argv``): the command that goes on where a run stopped
+    (``--resume``), ready to paste."""
+    options = options or {}
+    kept, i = [], 0
+    while i < len(argv):
+        if argv[i].partition("=")[0] in options:
+            with_value = "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-")
+            i += 1 + with_value
+            continue
+        kept.append(argv[i])
+        i += 1
+    added = [part for option, value in options.items() for part in ([option] if value is None else [option, value])]
+    return shlex.join([*PROG.split(), command, *kept, *added])
 
 
 def datamodule_problems(datamodule) -> dict[str, list]:

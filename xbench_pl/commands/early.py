@@ -19,9 +19,10 @@ from pathlib import Path
 import yaml
 from jsonargparse import typing as restricted
 
-from xbench_pl.commands.arguments import is_name, take_option
+from xbench_pl.commands.arguments import flag_value, is_name, take_option
 from xbench_pl.commands.errors import restriction_text
-from xbench_pl.outputs import OutputError, check_writable
+from xbench_pl.console import is_rank_zero
+from xbench_pl.outputs import OutputError, check_not_earlier_run, check_writable
 from xbench_pl.registry import UnknownName, class_path
 
 #: where these checks keep out: help and config printing write nothing, whatever ``--out`` says
@@ -166,8 +167,35 @@ def wants_quick_help(argv: list[str]) -> bool:
                                                                        for flag in given)
 
 
-def trainer_problem(argv: list[str]) -> str | None:
-    """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None."""
+def config_problem(argv: list[str]) -> str | None:
+    """A ``--config`` (``-c``) file that is not YAML, named with its line and column (jsonargparse's own message names
+    neither the file nor the place), or None."""
+    rest = list(argv)
+    for flag in ("--config", "-c"):
+        while True:
+            value, rest = take_option(rest, flag)
+            if value is None:
+                break
+            path = Path(value).expanduser()
+            if not path.is_file():
+                continue  # jsonargparse also takes a config as a string; a missing file is its message
+            try:
+                yaml.safe_load(path.read_text())
+            except UnicodeDecodeError as error:
+                return f"{flag} {value}: not a YAML file (not text: {error.reason})"
+            except yaml.YAMLError as error:
+                mark = getattr(error, "problem_mark", None)
+                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                return f"{flag} {value}: not valid YAML ({getattr(error, 'problem', None) or error}{where})"
+    return None
+
+
+def trainer_problem(argv: list[str], command: str = "test") -> str | None:
+    """The one-line problem of a ``test``/``fit`` command line that needs no model to find, or None. ``test`` into an
+    ``--out`` that holds an earlier run is one without ``--overwrite`` (``outputs.check_not_earlier_run``; here where
+    the command line names ``--out`` and no ``--config`` may name another, else once the options are parsed)."""
+    if problem := config_problem(argv):
+        return problem
     classes = {}  # flag -> its registered name's class path
     for flag, kind in (("--model", "models"), ("--data", "data"), ("--model.help", "models"), ("--data.help", "data")):
         value = take_option(argv, flag)[0]
@@ -192,6 +220,9 @@ def trainer_problem(argv: list[str]) -> str | None:
     out = take_option(argv, "--out")[0]
     try:
         check_writable({"--out": out} if out else {})
+        configured = any(flag in ("-c", "--config") for flag in flags(argv))
+        if command == "test" and out and not configured and is_rank_zero():  # DDP ranks > 0 start once rank 0 checked
+            check_not_earlier_run(out, flag_value(argv, "--overwrite"))
     except OutputError as error:
         return str(error)
     return None

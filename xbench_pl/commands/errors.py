@@ -20,6 +20,10 @@ class UsageError(ValueError):
     """A user error whose message is ready to print (an option, a file and what to do)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a run; the message (one line) says what it kept and the command that goes on."""
+
+
 def _chain(error: BaseException) -> list[BaseException]:
     """``error`` and the exceptions it was raised from (or while handling), outermost first."""
     seen = []

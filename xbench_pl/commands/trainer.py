@@ -13,7 +13,13 @@ and writes ``OUT/checkpoints/last.ckpt`` (the trained tensors and a fingerprint 
 Before any model or data is built, the Trainer's hardware options are checked (a GPU that is not there, bad
 ``--trainer.devices``, ``strategy`` or ``precision``), every folder the run writes is checked (``xbench_pl.outputs``;
 a ``WandbLogger`` writes under ``--out``, or ``WANDB_DIR`` when set) and a ``--ckpt_path`` is read:
-a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line.
+a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line. ``test`` refuses an
+``--out`` that holds an earlier run (its ``metrics.json``) unless ``--overwrite`` is given. ``fit`` trains
+``FIT_DEFAULT_EPOCHS`` epoch where no ``--trainer.max_epochs`` (nor ``max_steps``, ``max_time``) is given, and says so.
+
+Ctrl-C (SIGINT) during a run ends it with one line (``Interrupted``; exit status 130): how many images the prediction
+store holds safe and the command that continues with ``--resume``; for ``fit``, the last checkpoint and the command
+that resumes from it.
 """
 
 from __future__ import annotations
@@ -31,17 +37,18 @@ from typing import Literal, get_args
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
-                                         SEED_DEFAULT, SUMMARIES, TRAINER_COMMANDS, TRAINER_DEFAULTS, VERB_DEFAULTS,
-                                         VERB_SKIPPED, datamodule_problems, is_name, take_option)
-from xbench_pl.commands.errors import UsageError
+from xbench_pl.commands.arguments import (FIT_DEFAULT_EPOCHS, FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG,
+                                         RUN_OPTIONS, SEED_DEFAULT, SUMMARIES, TRAINER_COMMANDS, TRAINER_DEFAULTS,
+                                         VERB_DEFAULTS, VERB_SKIPPED, continue_command, datamodule_problems, is_name,
+                                         take_option)
+from xbench_pl.commands.errors import Interrupted, UsageError
 from xbench_pl.commands.parsing import PARSER_KWARGS
-from xbench_pl.console import is_rank_zero, say
+from xbench_pl.console import is_rank_zero, note, say
 from xbench_pl.data.lightning import XBenchDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.models.checkpoints import CheckpointError, check_lightning_checkpoint
 from xbench_pl.options import ExplainerName
-from xbench_pl.outputs import OutputFolder, check_writable, write_results
+from xbench_pl.outputs import OutputError, OutputFolder, check_not_earlier_run, check_writable, write_results
 from xbench_pl.registry import RENAMED_ARGS, available, class_path, config_path, renamed_args, renamed_key, resolve_class
 from xbench_pl.run_files import build_report, console_table, parse_columns, provenance, publish_report
 
@@ -233,8 +240,12 @@ class XBenchArgumentParser(LightningArgumentParser):
 
 
 class XBenchCLI(LightningCLI):
-    def __init__(self, *args, given: list[str] = (), **kwargs):
-        self.started, self.given = time.time(), list(given)  # given: the command line as typed (after the command)
+    def __init__(self, *args, given: list[str] = (), typed: list[str] | None = None, **kwargs):
+        self.started, self.given = time.time(), list(given)  # given: the command line (after the command), names pulled
+        self.typed = self.given if typed is None else list(typed)  # as typed: what a printed command repeats
+        self.replacing = False  # test --overwrite over an earlier run in --out
+        self.default_epochs = False  # fit without max_epochs, max_steps or max_time: FIT_DEFAULT_EPOCHS
+        self.prediction_writer = None
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -261,11 +272,62 @@ class XBenchCLI(LightningCLI):
         self.wandb_under_out(config)
         if is_rank_zero():  # DDP ranks > 0 start after rank 0 checked (and would race its probe folders)
             check_writable(output_folders(config))
+            if self.config["subcommand"] == "test":
+                self.replacing = check_not_earlier_run(config.out, config.get("overwrite", False))
+        if self.config["subcommand"] == "fit":
+            self.fit_epochs(config.trainer)
         if config.get("ckpt_path") and config.ckpt_path not in LIGHTNING_CKPT_NAMES:
             try:
                 check_lightning_checkpoint(config.ckpt_path, config.model.class_path)
             except CheckpointError as error:
                 raise UsageError(f"--ckpt_path: {error}") from error
+
+    def fit_epochs(self, trainer) -> None:
+        """``fit`` without ``--trainer.max_epochs``, ``max_steps`` or ``max_time`` (nor ``fast_dev_run``) trains
+        ``FIT_DEFAULT_EPOCHS`` epoch, not Lightning's 1,000, and says so when training starts."""
+        if (trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1) and trainer.get("max_time") is None
+                and not trainer.get("fast_dev_run")):
+            trainer.max_epochs, self.default_epochs = FIT_DEFAULT_EPOCHS, True
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The subcommand; Ctrl-C during it is ``Interrupted``, saying what was kept and how to go on (Lightning ends
+        an interrupted ``Trainer`` call with ``SystemExit(1)``, raised while it handled the ``KeyboardInterrupt``)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit as error:
+            if not isinstance(error.__context__, KeyboardInterrupt):
+                raise
+            raise Interrupted(self.interrupted_message()) from None
+        except KeyboardInterrupt as error:
+            if isinstance(error, Interrupted):
+                raise
+            raise Interrupted(self.interrupted_message()) from None
+
+    def interrupted_message(self) -> str:
+        """The line of a run stopped by Ctrl-C: what it kept (the prediction store's intact images; fit's checkpoint)
+        and the command that continues from there."""
+        if self.subcommand == "fit":
+            checkpoint = self.trainer.checkpoint_callback if hasattr(self, "trainer") else None
+            path = (checkpoint.last_model_path or checkpoint.best_model_path) if checkpoint is not None else ""
+            if path and Path(path).is_file():
+                return (f"interrupted (Ctrl-C): {path} holds the weights of the last epoch saved; continue with: "
+                        f"{continue_command('fit', self.typed, {'--ckpt_path': path})}")
+            return (f"interrupted (Ctrl-C) before fit saved a checkpoint: nothing was kept; start again with: "
+                    f"{continue_command('fit', self.typed)}")
+        writer = self.prediction_writer
+        if writer is None:
+            return ("interrupted (Ctrl-C) before the results were written: nothing was kept (--predictions DIR keeps "
+                    f"every image computed); start again with: {continue_command('test', self.typed)}")
+        total = self.evaluated_images()
+        safe = f"{writer.stored_images()}{'' if total is None else f' of {total}'}"
+        return (f"interrupted (Ctrl-C): {safe} images are safe in the prediction store {self.settings['predictions']}; "
+                f"continue with: {continue_command('test', self.typed, {'--resume': None})}")
+
+    def evaluated_images(self) -> int | None:
+        """The images the run evaluates, or None where its datasets are not read yet."""
+        children = getattr(getattr(self, "datamodule", None), "datamodules", None) or []
+        sets = [getattr(child, "test_set", None) for child in children]
+        return sum(len(test_set.records) for test_set in sets) if sets and None not in sets else None
 
     @staticmethod
     def wandb_under_out(config) -> None:
@@ -314,6 +376,12 @@ class XBenchCLI(LightningCLI):
             if config.get("enable_checkpointing", True) and not any(isinstance(c, ModelCheckpoint) for c in every):
                 ours.append(ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False))
             ours.append(ValidationSummary(self.columns))
+            if self.default_epochs:
+                from lightning.pytorch.callbacks import LambdaCallback
+
+                ours.append(LambdaCallback(on_train_start=lambda trainer, module: note(
+                    f"fit: {FIT_DEFAULT_EPOCHS} epoch, the default (Lightning's: 1,000); --trainer.max_epochs N "
+                    "trains N")))
         if (config.get("enable_progress_bar") is not False and not interactive()
                 and not any(isinstance(c, ProgressBar) for c in every)):
             ours.append(PlainProgressBar())
@@ -379,12 +447,18 @@ class XBenchCLI(LightningCLI):
         try:
             writer = PredictionWriter(settings["predictions"], dtype=settings["predictions_dtype"], resume=settings["resume"],
                                       shard_images=settings["predictions_shard_images"], config=report_config(settings),
-                                      model_name=settings.get("model_name"))
+                                      model_name=settings.get("model_name"), warn_failure=False)  # after_test says it
         except ValueError as error:
             raise UsageError(f"--predictions: {error}") from error
         trainer.callbacks.append(writer)
+        self.prediction_writer = writer
 
     def after_test(self) -> None:
+        """``metrics.json`` and ``metrics.md`` into ``--out``, then, where a write into the prediction store failed (a
+        full disk), one error line (``OutputError``): the store folder, what failed, how many images it kept and lost,
+        and the command that stores the rest. Exit status 2, as for every output that could not be written
+        (``outputs.OutputFolder``): the metrics are whole, but the run did not keep all it was asked to, and a script
+        (``sweep``) must not take it for a complete run."""
         if not self.trainer.is_global_zero:
             return
         settings = self.settings
@@ -397,13 +471,32 @@ class XBenchCLI(LightningCLI):
             provenance=provenance(self.trainer, self.started),
             explainer=self.model.explainer_info,
         )
-        out = publish_report(report, self.trainer.output_folder, self.columns)
+        writer = self.prediction_writer
+        try:
+            out = publish_report(report, self.trainer.output_folder, self.columns)
+        except OutputError as error:
+            if writer is None or writer.failure is None:
+                raise
+            raise OutputError(f"{error}; and {self.store_failure(None)}") from error
         if report["random_weights"]:
             fitted = " fitted from" if settings.get("ckpt_path") else ""
             say(f"\nNOTE: {report['model']} has{fitted} RANDOM weights (random_init, no checkpoint): these numbers only "
                 "smoke-test the set-up; the report says so (random_weights: true)")
-        say(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}")
+        replaced = ", replacing the earlier run's (--overwrite)" if self.replacing else ""
+        say(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'}{replaced}")
         self.print_wandb_run()
+        if writer is not None and writer.failure is not None:
+            raise OutputError(self.store_failure(out))
+
+    def store_failure(self, out: Path | None) -> str:
+        """The line of a prediction store that could not be written: what failed, what it kept and lost, where the
+        metrics are (``out``), and the command that stores the rest (``--resume``; ``--overwrite``: ``out`` holds this
+        run's metrics now)."""
+        where = f" (metrics.json and metrics.md are in {out})" if out is not None else ""
+        command = continue_command("test", self.typed, {"--resume": None, "--overwrite": None})
+        return (f"--predictions {self.settings['predictions']}: "
+                f"{self.prediction_writer.failure_message(self.evaluated_images())}{where}; make room, then store the "
+                f"rest with: {command}")
 
     def print_wandb_run(self) -> None:
         from xbench_pl.callbacks import wandb_summary
@@ -413,8 +506,9 @@ class XBenchCLI(LightningCLI):
             say(where)
 
 
-def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
-    """``test`` or ``fit`` (``TRAINER_COMMANDS``) through ``XBenchCLI``."""
+def run_trainer(command: str, argv: list[str], from_command_line: bool, typed: list[str] | None = None) -> int:
+    """``test`` or ``fit`` (``TRAINER_COMMANDS``) through ``XBenchCLI``; ``typed``: the options as the user typed them
+    (default ``argv``), which a command printed to continue the run repeats."""
     from xbench_pl.callbacks import wandb_defaults
 
     wandb_defaults()  # a WandbLogger runs offline and quiet unless WANDB_* say otherwise (sync later: wandb sync)
@@ -443,5 +537,6 @@ def run_trainer(command: str, argv: list[str], from_command_line: bool) -> int:
                           for c in TRAINER_COMMANDS}},
         auto_configure_optimizers=False,
         given=argv,
+        typed=typed,
     )
     return 0

@@ -14,7 +14,7 @@ from typing import get_args
 
 import docstring_parser
 
-from xbench_pl.commands.arguments import (FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
+from xbench_pl.commands.arguments import (FIT_DEFAULT_EPOCHS, FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
                                          SEED_DEFAULT, SUMMARIES, TRAINER_DEFAULTS, VERB_DEFAULTS, VERB_SKIPPED, plain)
 from xbench_pl.commands.early import module_tree
 from xbench_pl.options import ExplainerName
@@ -88,6 +88,11 @@ def trainer_help(command: str) -> str:
     for name, annotation, default, description in signature("__init__"):
         if name not in linked:
             default = shown(defaults[name]) if name in defaults else source_default(default)
+            if command == "fit" and name == "max_epochs":  # XBenchCLI.fit_epochs, not Lightning's 1000
+                description = ("Stop training once this number of epochs is reached; -1: no limit. Where neither "
+                               "max_epochs nor max_steps nor max_time is given, fit trains "
+                               f"{FIT_DEFAULT_EPOCHS} epoch (Lightning's own default: 1000) and says so.")
+                default = str(FIT_DEFAULT_EPOCHS)
             trainer.add_argument(f"--trainer.{name}", metavar=metavar(name, annotation),
                                  help=option_help(description, annotation, default))
     for flag, what in (("--model", "model"), ("--data", "dataset")):
