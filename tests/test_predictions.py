@@ -143,13 +143,7 @@ def killed_run(folder: Path) -> tuple[list[str], int]:
     killed = subprocess.Popen([sys.executable, "-m", "xbench_pl", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=cli_env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
     try:
-        for _ in range(3000):  # until the model reaches its third batch (or the run ends early: a failure)
-            if ready.exists() or killed.poll() is not None:
-                break
-            try:
-                killed.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
+        wait_until_ready(killed, ready)
         assert ready.exists(), killed.stderr.read().decode()[-3000:]
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(timeout=60)
@@ -177,6 +171,17 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(reference, background):
     assert sum(len(s["image_ids"]) for s in Store(store).load()[0]) == 12
 
 
+def wait_until_ready(process: subprocess.Popen, ready: Path) -> None:
+    """Until the model reaches its third batch (``ready`` appears) or the run ends early (a failure); 5 min at most."""
+    for _ in range(3000):
+        if ready.exists() or process.poll() is not None:
+            return
+        try:
+            process.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def interrupted_run(folder: Path) -> tuple[list[str], subprocess.CompletedProcess]:
     """The background job of the test below: ``killed_run``'s run, sent SIGINT (Ctrl-C) in its third batch instead;
     (its options, the run)."""
@@ -187,13 +192,7 @@ def interrupted_run(folder: Path) -> tuple[list[str], subprocess.CompletedProces
                                stderr=subprocess.PIPE, text=True,
                                env=cli_env(XBENCH_TEST_HANG_AFTER="2", XBENCH_TEST_READY=str(ready)))
     try:
-        for _ in range(3000):  # until the model reaches its third batch (or the run ends early: a failure)
-            if ready.exists() or stopped.poll() is not None:
-                break
-            try:
-                stopped.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
+        wait_until_ready(stopped, ready)
         if ready.exists():
             stopped.send_signal(signal.SIGINT)
         out, err = stopped.communicate(timeout=120)
