@@ -182,3 +182,17 @@ def test_upgrade_that_cannot_write_is_one_error_line(tmp_path, capsys):
     assert main(["store", "upgrade", str(store)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {store}: cannot write a converted shard")
+
+
+@pytest.mark.parametrize("command", ["score", "export"])
+def test_a_corrupt_manifest_is_one_line_naming_it(tmp_path, capsys, command):
+    """A store whose manifest.json was cut short: ``score`` and ``export`` name that file (not only the JSON parser's
+    complaint), exit 2."""
+    store = tmp_path / "store"
+    run_test(tmp_path / "run", "--predictions", str(store))
+    manifest = store / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    args = ["--predictions", str(store), "--out", str(tmp_path / "out")] + (["--to", "npy"] if command == "export" else [])
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"{manifest}: unreadable manifest" in " ".join(err.split())

@@ -201,8 +201,8 @@ class Store:
             return None
         try:
             return json.loads(self.manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise StoreError(f"{self.manifest_path}: unreadable manifest ({error}); this folder is no usable prediction store") from error
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:  # (from None: the one line is this one, not its cause's)
+            raise StoreError(f"{self.manifest_path}: unreadable manifest ({error}); this folder is no usable prediction store") from None
 
     def write_manifest(self, manifest: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
