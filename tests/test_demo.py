@@ -168,3 +168,17 @@ def test_ensure_demo_generates_once_and_atomically(tmp_path, monkeypatch):
     assert len(calls) == 1  # an existing demo is used as it is
     with pytest.raises(FileExistsError, match="not empty"):
         write_demo(root)
+
+
+@pytest.mark.parametrize("data", ["demo", "ms_cxr_demo"])
+def test_a_demo_cache_that_cannot_be_written_is_one_line_naming_the_setting(tmp_path, data):
+    """``XBENCH_DEMO_DIR`` where no folder can be made (read-only for a user; here below a file, which root cannot write
+    either): one error naming the folder and the setting, exit 2, no traceback."""
+    from test_cli import in_process
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = in_process("test", "--model", "center", "--data", data, "--out", str(tmp_path / "out"),
+                        XBENCH_DEMO_DIR=str(blocker / "demos"))
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+    assert f"{blocker / 'demos'}: cannot write the synthetic" in " ".join(result.stderr.split()) and "XBENCH_DEMO_DIR" in result.stderr

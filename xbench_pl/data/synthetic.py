@@ -449,8 +449,14 @@ def ensure_generated(root: Path, write: Callable[[Path], object], what: str) -> 
     if root.is_dir() and any(root.iterdir()):
         return root
     note(f"drawing {what} into {root} (first run only, a few seconds)")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=f".{uuid.uuid4().hex[:8]}", dir=root.parent))
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=f".{uuid.uuid4().hex[:8]}", dir=root.parent))
+    except OSError as error:  # a read-only cache, a path through a file: say where it is set
+        from xbench_pl.data.errors import DataError
+
+        raise DataError(root.parent, f"cannot write {what} here ({error.strerror or error}): set {DEMO_ENV} to a writable "
+                        "folder (the demos are drawn there once, then read)") from None
     try:
         write(temporary)
         os.chmod(temporary, 0o755)  # mkdtemp made it private
