@@ -375,3 +375,28 @@ def test_an_index_that_is_not_one_is_named(hosts, tmp_path):
     result = weights(hosts, "pull", "radvlm", cache=tmp_path / "cache")
     assert result.returncode == 2 and result.stderr.count("error:") == 1, result.stderr
     assert "model.safetensors.index.json: not a weights index" in said(result.stderr)
+
+
+@pytest.mark.parametrize("model, variable", [("chexzero", "XBENCH_DRIVE_URL"), ("biomedclip", "HF_ENDPOINT"),
+                                             ("medklip", "XBENCH_GITHUB_RAW_URL")])
+def test_a_host_that_cannot_be_reached_is_said_so(tmp_path, model, variable):
+    """No network (here: a loopback port nothing listens on): the one line says the host cannot be reached and why, not
+    "cannot write …/.partial" (requests' ConnectionError is an OSError) nor the client's raw text."""
+    import socket
+
+    with socket.socket() as probe:  # a free port, closed again: connections to it are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served = Hosts()
+    try:
+        if variable == "XBENCH_GITHUB_RAW_URL":  # medklip: its Drive folder and hub text served, the GitHub file not
+            served.drive_folder(MEDKLIP_FOLDER, "MedKLIP", {"checkpoint_final.pth": payload(1)})
+            served.hub[BERT_REPO] = {"config.json": b"{}", "vocab.txt": b"[PAD]\n", "pytorch_model.bin": payload(2)}
+        environ = {**os.environ, **served.environ(), "HF_HOME": str(tmp_path / "hf_home"), variable: f"http://127.0.0.1:{port}"}
+        result = subprocess.run([sys.executable, "-m", "xbench_pl", "weights", "pull", model, "--dir", str(tmp_path / "cache"),
+                                 "--quiet"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+    finally:
+        served.close()
+    text = said(result.stderr)
+    assert result.returncode == 2 and result.stderr.count("error:") == 1, result.stderr
+    assert f"cannot reach http://127.0.0.1:{port} (the connection was refused)" in text and "cannot write" not in text

@@ -237,7 +237,9 @@ def pull_file(source: Source, name: str, cache: Path, quiet: bool) -> Path:
     partial = cache / PARTIAL / source.name
     try:
         downloaded, commit = download(source, name, partial, lock.get(source.name, {}).get("revision"), quiet)
-    except OSError as error:
+    except OSError as error:  # requests' connection errors are OSErrors too: those are the host's, not the disk's
+        if (reason := unreachable(error)) is not None:
+            raise cannot_reach(f"{source.name}: {name} from {source.describe()}", host_of(source), reason) from error
         raise WeightsError(f"{source.name}: cannot write {error.filename or partial}: {error.strerror or error}") from error
     digest = sha256(downloaded)
     if recorded is not None and digest != recorded["sha256"]:
@@ -249,6 +251,38 @@ def pull_file(source: Source, name: str, cache: Path, quiet: bool) -> Path:
     os.replace(downloaded, final)
     record(cache, source, name, final, commit, digest)
     return final
+
+
+#: what a failed connection's errno means, said plainly (``unreachable``)
+CONNECTION_REASONS = {"Connection refused": "the connection was refused", "Name or service not known": "its name does not "
+                      "resolve: no network, or no DNS", "Temporary failure in name resolution": "its name does not resolve: "
+                      "no network, or no DNS", "Network is unreachable": "the network is unreachable",
+                      "No route to host": "no route to the host", "timed out": "the connection timed out"}
+
+
+def unreachable(error: BaseException) -> str | None:
+    """Why a host could not be reached, in words, where ``error`` (or its cause) is a failed connection (requests',
+    httpx's); None for any other error."""
+    chain, seen = [], error
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    names = {type(e).__name__ for e in chain} | {c.__name__ for e in chain for c in type(e).__mro__}
+    text = " ".join(str(e) for e in chain)
+    connection = {"ConnectionError", "ConnectError", "ConnectTimeout", "NewConnectionError", "NameResolutionError"}
+    if not names & connection and "Failed to establish a new connection" not in text:  # (gdown re-raises it as text)
+        return None
+    return next((said for raw, said in CONNECTION_REASONS.items() if raw in text), "the connection failed")
+
+
+def cannot_reach(item: str, host: str, reason: str, setting: str = "") -> WeightsError:
+    """The one line of a download whose host could not be reached (``unreachable``'s ``reason``)."""
+    return WeightsError(f"{item}: cannot reach {host} ({reason}); check the network{setting} and pull again (a pull resumes)")
+
+
+def host_of(source: Source) -> str:
+    """The host a source is pulled from (the endpoints the environment may point elsewhere)."""
+    return {"hub": hub_endpoint(), "github": os.environ.get(GITHUB_RAW_ENV, DEFAULT_GITHUB_RAW)}.get(source.kind, drive_base())
 
 
 def record(cache: Path, source: Source, name: str, path: Path, commit: str | None, digest: str | None = None) -> None:
@@ -316,6 +350,8 @@ def hub_download(repo: str, name: str, revision: str, folder: Path, quiet: bool,
     except Exception as error:  # the client's transport errors (connection refused, dropped and retried out)
         if type(error).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore", "httpcore2"):
             raise
+        if (reason := unreachable(error)) is not None:
+            raise cannot_reach(f"{what}: {repo}@{revision}: {name}", endpoint, reason, " (or HF_ENDPOINT)") from error
         raise WeightsError(f"{what}: {repo}@{revision}: {name}: {error}; pull again to resume") from error
     final = folder / name
     os.replace(partial, final)
@@ -365,10 +401,14 @@ def gdown_download(url: str, output: Path, source: Source, name: str, quiet: boo
         status = error.response.status_code if error.response is not None else None
         raise WeightsError(http_problem(status, source.name, f"{name} from {source.describe()}", url)) from error
     except (FileURLRetrievalError, requests.RequestException) as error:
+        if (reason := unreachable(error)) is not None:
+            raise cannot_reach(f"{source.name}: {name} from {source.describe()}", host_of(source), reason) from error
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise WeightsError(f"{source.name}: {name} from {source.describe()} could not be downloaded: {first}; "
                            "pull again to resume") from error
     except gdown.exceptions.DownloadError as error:
+        if (reason := unreachable(error)) is not None:
+            raise cannot_reach(f"{source.name}: {name} from {source.describe()}", host_of(source), reason) from error
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise WeightsError(f"{source.name}: {name} from {source.describe()}: {first}; pull again to resume") from error
     return output
