@@ -250,3 +250,27 @@ def test_no_module_loads_weights_by_running_code():
             if name in ("np.load", "numpy.load"):
                 assert all(k.arg != "allow_pickle" or ast.unparse(k.value) == "False" for k in call.keywords), path
     assert sorted(behind_trust) == ["checkpoints.py: torch.jit.load", "checkpoints.py: torch.load"]
+
+
+def _not_checkpoints(folder: Path) -> dict[str, Path]:
+    """An HTML page saved as the checkpoint (Drive's virus-scan warning), random bytes, and a torch.save cut in half."""
+    files = {"html": folder / "html.pth", "random": folder / "random.pth", "truncated": folder / "truncated.pth"}
+    files["html"].write_bytes(b"<!DOCTYPE html><html><head><title>Google Drive - Virus scan warning</title></head></html>")
+    files["random"].write_bytes(bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).tolist()))
+    whole = folder / "whole.pth"
+    torch.save({"weight": torch.zeros(1000)}, whole)
+    files["truncated"].write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    return files
+
+
+@pytest.mark.parametrize("kind, says", [("html", "it is a web page (HTML)"), ("random", "it is no PyTorch (zip or pickle) or safetensors"),
+                                        ("truncated", "it is a truncated zip archive")])
+def test_a_file_that_is_no_checkpoint_is_said_so_and_trusting_it_is_never_advised(tmp_path, kind, says):
+    """A corrupt download is not "a pickle of a type that is not plain data": the error says what the file is and to
+    download it again, and never suggests --model.trust_checkpoint (trusting it would run nothing useful, or worse)."""
+    path = _not_checkpoints(tmp_path)[kind]
+    with pytest.raises(CheckpointError) as raised:
+        read_checkpoint(path)
+    message = str(raised.value)
+    assert message.startswith(f"cannot read checkpoint {path}: not a checkpoint, {says}") and "download it again" in message
+    assert "trust" not in message

@@ -180,6 +180,29 @@ def _unsafe_globals(path: Path, allowed: Iterable[str]) -> list[str]:
     return sorted(g for g in found if _PY2_BUILTINS.get(g, g) not in allowed)
 
 
+def not_a_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be a checkpoint at all, read from its first bytes (None where it may be one): a web page (a
+    download that fetched a page, such as Google Drive's virus-scan warning, instead of the file), a truncated zip
+    archive (an interrupted download of a torch.save or TorchScript file), or none of the formats: a torch zip archive,
+    a legacy pickle (protocol 2+), a safetensors file."""
+    import zipfile
+
+    with open(path, "rb") as handle:
+        head = handle.read(1024)
+    if not head:
+        return "the file is empty"
+    if head.lstrip()[:1] == b"<" and b"html" in head.lower():
+        return "it is a web page (HTML), not the file: the download fetched a page (e.g. Google Drive's virus-scan warning)"
+    if head[:4] == b"PK\x03\x04":
+        return None if zipfile.is_zipfile(path) else "it is a truncated zip archive (an interrupted download)"
+    if head[:1] == b"\x80" and 2 <= head[1] <= 5:  # a pickle's PROTO opcode: torch.save's legacy format
+        return None
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:  # safetensors
+        return None
+    return (f"it is no PyTorch (zip or pickle) or safetensors file (its first bytes: {head[:16]!r}): a corrupt or partial "
+            "download")
+
+
 def read_checkpoint(path: Path, trust: bool = False, safe_globals: Iterable[str] = ()) -> object:
     """The object stored in a checkpoint file, on the CPU, without running code from it.
 
@@ -189,6 +212,9 @@ def read_checkpoint(path: Path, trust: bool = False, safe_globals: Iterable[str]
     ``torch.jit.load``). ``CheckpointError`` names the file, and what it needs when refused."""
     path = Path(path)
     safe_globals = tuple(safe_globals)
+    if path.is_file() and (problem := not_a_checkpoint(path)) is not None:  # before any advice on trusting a pickle
+        raise CheckpointError(f"cannot read checkpoint {path}: not a checkpoint, {problem}; download it again (nothing from it "
+                              "was run)")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
