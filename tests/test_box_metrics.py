@@ -385,3 +385,19 @@ def test_box_mode_update_checks_the_values_shape():
     image, unit, cls, values, stated, truth = box_batch(synthetic(n_images=2)[:2])
     with pytest.raises(ValueError, match="values"):
         mode.update(image, unit, cls, values[:, :-1], stated, truth)
+
+
+def test_a_dataset_of_one_pair_and_one_box_computes():
+    """One pair, one stated box, one ground-truth box in a whole dataset (a tiny split, a model that states one box):
+    torchmetrics squeezes one-element records to 0-d; the state puts their shapes back and the table computes."""
+    mode = BoxMode(1)
+    nan = float("nan")
+    mode.update(torch.tensor([7]), torch.tensor([7]), torch.tensor([0]), torch.tensor([[1.0, 0.8, 1.0, 1.0, nan, nan, 0.0, nan]]),
+                {"image": torch.tensor([7]), "cls": torch.tensor([0]), "boxes": torch.tensor([[10.0, 10.0, 50.0, 50.0]]),
+                 "scores": torch.ones(1)},
+                {"image": torch.tensor([7]), "cls": torch.tensor([0]), "boxes": torch.tensor([[12.0, 10.0, 50.0, 50.0]]),
+                 "scores": torch.ones(1)})
+    state = mode.state()
+    assert state["stated"]["boxes"].shape == (1, 4) and state["pairs"]["values"].shape == (1, len(BOX_PAIR_KEYS))
+    columns = mode.columns(state)
+    assert float(columns["box_map50"][0]) == 1.0 and float(columns["box_miou"][0]) == pytest.approx(0.8)

@@ -266,7 +266,7 @@ class Judge(nn.Module):
                                         (raw[:, 3] - ty) / sy), dim=1)
                 boxes, kept = clip_boxes(original, height, width)
                 bounds = [r for r in (region_bounds(x, height, width) for x in record.regions.get(finding, [])) if r is not None]
-                truth = torch.tensor(bounds, dtype=torch.float64).reshape(-1, 4)
+                truth = clip_boxes(torch.tensor(bounds, dtype=torch.float64).reshape(-1, 4), height, width)[0]  # (polygons' points)
                 values.append(pair_box_values(boxes, truth, height, width, float(batch.labels[b, c]), bool(stated.failed[b, c])))
                 pair_cls.append(c)
                 stated_rows.append((position, c, boxes, raw[kept, 4]))

@@ -229,7 +229,13 @@ class BoxMode(nn.Module):
         self.truth.update(**truth)
 
     def state(self) -> dict:
-        return {"pairs": self.pairs.compute(), "stated": self.stated.compute(), "truth": self.truth.compute()}
+        """The synced records; one-element results reshaped back (torchmetrics' compute wrapper squeezes them to 0-d)."""
+        pairs, stated, truth = self.pairs.compute(), self.stated.compute(), self.truth.compute()
+        k = len(BOX_PAIR_KEYS)
+        pairs = {name: value.reshape(-1, k) if name in ("values", "defined") else value.reshape(-1) for name, value in pairs.items()}
+        stated, truth = ({name: value.reshape(-1, 4) if name == "boxes" else value.reshape(-1) for name, value in part.items()}
+                         for part in (stated, truth))
+        return {"pairs": pairs, "stated": stated, "truth": truth}
 
     def columns(self, state: dict) -> dict[str, torch.Tensor]:
         """``{key: [C]}`` float64 (NaN where undefined): the pair means and each finding's COCO mAP."""

@@ -15,9 +15,9 @@ For every (image, finding or phrase) it gives three things (``zero_shot``):
    output with torch's SDPA and the last row's weights beside it), so memory does not grow with the square of the
    sequence.
 
-The image tower runs once per image (``image_features``); its features go to each of that image's prompts
-(transformers' ``mm_encoder_outputs``), and a forward never mixes images, so how images fall into batches and
-processes changes no number. Gradient explainers explain the recognition forward (``explainer_forward``); the boxes
+For the score and the map the image tower runs once per image (``image_features``); its features go to each of that
+image's prompts (transformers' ``mm_encoder_outputs``; ``generate`` takes the pixels again), and a text forward never
+mixes images, so how images fall into batches and processes changes none of its numbers. Gradient explainers explain the recognition forward (``explainer_forward``); the boxes
 are stated after them, outside their hooks (``explained``).
 
 An architecture module (``lingshu.py``, ``medgemma.py``, ...) subclasses ``GenerativeModel`` and gives what differs:

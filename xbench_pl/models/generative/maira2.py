@@ -164,10 +164,10 @@ class Maira2(GenerativeModel):
         prompts = [self.prompt(text) for text in texts] * 2
         lengths = torch.tensor([len(self.tokenizer.encode(a, add_special_tokens=False)) for a in answers], device=self.device)
         logits, inputs, layers = self.text_forward([p + a for p, a in zip(prompts, answers)], features, image)
-        ids = inputs["input_ids"]
-        logprobs = logits[:, :-1].float().log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]  # of each next token
-        positions = torch.arange(ids.shape[1] - 1, device=ids.device)
-        answer = positions[None, :] >= (ids.shape[1] - 1 - lengths[:, None])
-        total = (logprobs * answer).sum(1)
+        ids, t = inputs["input_ids"], int(lengths.max())
+        # the last t next-token predictions hold every row's answer (left padding): no log-softmax over the prompt's
+        logprobs = logits[:, -t - 1:-1].float().log_softmax(-1).gather(2, ids[:, -t:, None])[..., 0]
+        answer = torch.arange(t, device=ids.device)[None, :] >= (t - lengths[:, None])
+        total = torch.where(answer, logprobs, 0).sum(1)
         maps = self.image_attention(torch.stack(layers).mean(dim=(0, 2))[:n], ids[:n])
         return total[:n] - total[n:], maps
