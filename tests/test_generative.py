@@ -229,3 +229,21 @@ def test_random_init_at_the_release_size_builds_the_releases_network(name, size,
     assert all(getattr(model.network.config, field) == ids(token) for field, token in model.TOKEN_FIELDS.items())
     assert model.network.config.get_text_config().eos_token_id == ids(model.STOP_TOKEN)
     assert sum(p.numel() for p in model.network.parameters()) > 4e9
+
+
+def test_the_trust_measures_compare_maps_without_generating_boxes(tmp_path, monkeypatch):
+    """``--model.trust randomization``: each randomized copy's maps come from ``map_output`` (the recognition forward),
+    never from a generation whose boxes nothing reads."""
+    from xbench_pl.models.generative.base import GenerativeModel
+
+    calls = []
+    original = GenerativeModel.stated
+    monkeypatch.setattr(GenerativeModel, "stated", lambda self, images, classes: calls.append(len(classes)) or original(self, images, classes))
+    result = in_process("test", "--model", "lingshu", "--model.random_init", "true", "--model.max_new_tokens", "4",
+                        "--model.bootstrap", "0", "--model.trust", "randomization", "--data", "ms_cxr_demo", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads((tmp_path / "metrics.json").read_text())["datasets"]["ms_cxr_demo"]
+    assert [s["stage"] for s in table["trust"]["stages"]] == ["language model", "image tower"]
+    assert table["mean"]["randomization_ssim"] is not None
+    batches = len(calls)  # the trained model's own batches state boxes; its two randomized copies do not
+    assert batches > 0 and sum(calls) == table["mean"]["n_pos"] + table["mean"]["n_neg"]

@@ -215,6 +215,11 @@ class ZeroShotModel(Judge, L.LightningModule):
         reads more of the batch than its images (the ``reader``: each image's id and size) overrides this."""
         return self.grounded(batch, self.explained)
 
+    def map_output(self, batch: Batch) -> ZeroShotOutput:
+        """Scores and maps of ``batch`` for what compares maps only (the trust measures' randomized copies):
+        ``batch_output``; a model that does more work no map needs (a generative model's stated boxes) leaves it out."""
+        return self.batch_output(batch)
+
     @staticmethod
     def grounded(batch: Batch, forward) -> ZeroShotOutput:
         """``forward(images, texts)`` (``zero_shot`` or a variant) over the batch, each sample with its own texts

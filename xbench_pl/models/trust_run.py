@@ -169,7 +169,7 @@ class TrustRun:
             raw = self.eval_maps(output.saliency, batch, sample, cls).float()
             maps = normalize_saliency(raw, normalize)
         for i, randomized_model in enumerate(self.randomized(model)):
-            randomized = randomized_model.batch_output(batch).promoted()
+            randomized = randomized_model.map_output(batch).promoted()  # (no boxes generated: only the maps are compared)
             with no_autocast(device):
                 other = self.eval_maps(randomized.saliency, batch, sample, cls).float()
                 values[:, columns[f"stage{i}_ssim"]] = trust.ssim(maps, normalize_saliency(other, normalize)).double().cpu()

@@ -430,6 +430,17 @@ class GenerativeModel(ZeroShotModel):
             output = self.answered(images, classes)
         return output, output.logits
 
+    def map_output(self, batch) -> ZeroShotOutput:
+        """The scores and maps alone (``answered``, or the explainer's maps), no generation: the trust measures' randomized
+        copies compare maps only."""
+        def maps_only(images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
+            if self.explainer_method is None:
+                with torch.no_grad():
+                    return self.answered(images, classes)
+            return ZeroShotModel.explained(self, images, classes)
+
+        return self.grounded(batch, maps_only)
+
     def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         if self.explainer_method is None:
             return self.zero_shot(images, classes)
