@@ -252,19 +252,16 @@ class Judge(nn.Module):
         it (``boxes.clip_boxes``); the ground truth from the dataset's records at full resolution (each instance's
         ``regions.region_bounds``); self-consistency on the eval grid, the map warped as the benchmark warps it."""
         from xbench_pl.data.regions import region_bounds
-        from xbench_pl.metrics.boxes import BOX_PAIR_KEYS, box_raster, clip_boxes, pair_box_values, self_consistency
+        from xbench_pl.metrics.boxes import BOX_PAIR_KEYS, box_raster, clip_boxes, pair_box_values, self_consistency, stated_in_original
 
         dataset, stated, eval_size = self.region_dataset(batch), output.stated, batch.region_masks.shape[-1]
         values, pair_cls, stated_rows, truth_rows, consistency = [], [], [], [], []
         for position, b in enumerate(rows.tolist()):
             height, width = (int(v) for v in batch.original_size[b].tolist())
-            sx, sy, tx, ty = batch.affine[b].double().tolist()
             record = dataset.records[int(batch.index[b])]
             for c, finding in enumerate(batch.classes):
                 raw = stated.boxes[b][c].double().reshape(-1, 5).cpu()
-                original = torch.stack(((raw[:, 0] - tx) / sx, (raw[:, 1] - ty) / sy, (raw[:, 2] - tx) / sx,
-                                        (raw[:, 3] - ty) / sy), dim=1)
-                boxes, kept = clip_boxes(original, height, width)
+                boxes, kept = stated_in_original(raw, batch.affine[b].tolist(), height, width)
                 bounds = [r for r in (region_bounds(x, height, width) for x in record.regions.get(finding, [])) if r is not None]
                 truth = clip_boxes(torch.tensor(bounds, dtype=torch.float64).reshape(-1, 4), height, width)[0]  # (polygons' points)
                 values.append(pair_box_values(boxes, truth, height, width, float(batch.labels[b, c]), bool(stated.failed[b, c])))

@@ -116,8 +116,9 @@ def encode_shard(shard: dict) -> bytes:
         raise ValueError(f"saliency dtype {saliency.dtype} is none of {sorted(DTYPES)}")
     arrays = {}
     stated = shard.get("stated")
+    given = {**shard, **(stated.arrays() if stated is not None else {})}
     for name, dtype in {**ARRAYS, **(STATED_ARRAYS if stated is not None else {})}.items():
-        value = (stated.arrays()[name] if name in STATED_ARRAYS else shard[name]).detach().cpu()
+        value = given[name].detach().cpu()
         value = value.view(torch.uint16) if name == "saliency" and value.dtype == torch.bfloat16 else value.to(dtype or value.dtype)
         arrays[name] = value.contiguous()
     metadata = {"format": SHARD_FORMAT, "dataset": str(shard["dataset"]), "classes": json.dumps(list(shard["classes"]), separators=(",", ":")),

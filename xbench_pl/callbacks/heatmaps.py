@@ -35,6 +35,7 @@ import torch
 from xbench_pl.callbacks.common import (close_own, gather_to_rank_zero, model_name, new_figure, output_folder, safe_name,
                                        wandb_logger)
 from xbench_pl.geometry import warp_to_eval_grid
+from xbench_pl.metrics.boxes import stated_in_original
 from xbench_pl.metrics.functional import RELATIVE_TOLERANCE, normalize_saliency, pointing_game
 from xbench_pl.outputs import figure_png
 
@@ -146,7 +147,8 @@ class SaliencySamples(L.Callback):
                 saliency=saliency.float().cpu().numpy().copy(),
                 region=region.bool().cpu().numpy().copy(),
                 query=batch.queries[b].get(finding) if batch.queries else None,
-                stated=None if outputs.output.stated is None else stated_in_original(outputs.output.stated.boxes[b][c], batch, b),
+                stated=None if outputs.output.stated is None else stated_in_original(
+                    outputs.output.stated.boxes[b][c], batch.affine[b].tolist(), *(int(v) for v in batch.original_size[b].tolist()))[0].numpy(),
             ))
 
     def on_test_end(self, trainer, pl_module) -> None:
@@ -183,18 +185,6 @@ class SaliencySamples(L.Callback):
             writer.writerows(rows)
             outputs.write(root / "samples.csv", text.getvalue())
         close_own(trainer, outputs)
-
-
-def stated_in_original(boxes: torch.Tensor, batch, b: int) -> np.ndarray:
-    """A pair's stated boxes ``[n, 5]`` (model-input pixels) in sample ``b``'s original pixels, clipped to the image
-    (``metrics.boxes.clip_boxes``, as the box metrics judge them): ``[n, 4]``."""
-    from xbench_pl.metrics.boxes import clip_boxes
-
-    sx, sy, tx, ty = batch.affine[b].double().tolist()
-    raw = boxes.double().reshape(-1, 5).cpu()
-    original = torch.stack(((raw[:, 0] - tx) / sx, (raw[:, 1] - ty) / sy, (raw[:, 2] - tx) / sx, (raw[:, 3] - ty) / sy), 1)
-    height, width = (int(v) for v in batch.original_size[b].tolist())
-    return clip_boxes(original, height, width)[0].numpy()
 
 
 TITLE_CHARACTER, TITLE_LINE = 0.06, 0.125  # inches: a 7-point character's width (at most, near enough) and line

@@ -97,6 +97,15 @@ def clip_boxes(boxes: torch.Tensor, height: int, width: int) -> tuple[torch.Tens
     return torch.stack((x0, y0, x1, y1), dim=1)[kept], kept
 
 
+def stated_in_original(stated: torch.Tensor, affine, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pair's stated boxes ``[n, 5]`` (model-input pixels, confidence) in the original ``height x width`` image: through
+    the preprocessing ``affine`` ``(sx, sy, tx, ty)`` (``x = (u - tx) / sx``), then ``clip_boxes``: ``([m, 4], kept [n])``."""
+    sx, sy, tx, ty = (float(v) for v in affine)
+    raw = stated.double().reshape(-1, 5).cpu()
+    original = torch.stack(((raw[:, 0] - tx) / sx, (raw[:, 1] - ty) / sy, (raw[:, 2] - tx) / sx, (raw[:, 3] - ty) / sy), dim=1)
+    return clip_boxes(original, height, width)
+
+
 def box_raster(boxes: torch.Tensor, height: int, width: int, eval_size: int) -> torch.Tensor:
     """The union of ``boxes`` on the ``eval_size`` grid of a ``height x width`` image, by the ground truth's own rule
     (``regions.Box.rasterize``: an eval pixel is inside when its centre is): ``[E, E]`` bool."""

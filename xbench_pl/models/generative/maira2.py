@@ -67,10 +67,10 @@ class Maira2Projector(nn.Module):
         return self.layers(features)
 
 
-def maira2_network_classes():
-    """``(Maira2Model, Maira2Network)``: transformers' Llava with MAIRA-2's image features and projector (built on first
-    use: transformers loads only where a generative model runs)."""
-    from transformers import LlavaForConditionalGeneration, LlavaModel
+def maira2_network_class():
+    """``Maira2Network``: transformers' Llava with MAIRA-2's image features and projector (built on first use: transformers
+    loads only where a generative model runs)."""
+    from transformers import LlavaForConditionalGeneration, LlavaModel, LlavaPreTrainedModel
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     class Maira2Model(LlavaModel):
@@ -84,12 +84,13 @@ def maira2_network_classes():
             return BaseModelOutputWithPooling(last_hidden_state=tokens, pooler_output=list(self.multi_modal_projector(tokens)))
 
     class Maira2Network(LlavaForConditionalGeneration):
-        def __init__(self, config):
-            super().__init__(config)
+        def __init__(self, config):  # LlavaForConditionalGeneration's, with MAIRA-2's model: the language model built once
+            LlavaPreTrainedModel.__init__(self, config)
             self.model = Maira2Model(config)
+            self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
             self.post_init()
 
-    return Maira2Model, Maira2Network
+    return Maira2Network
 
 
 class Maira2(GenerativeModel):
@@ -110,7 +111,7 @@ class Maira2(GenerativeModel):
     STOP_TOKEN = "</s>"
 
     def build(self, config) -> None:
-        _, network = maira2_network_classes()
+        network = maira2_network_class()
         self.network = network(config)
         from xbench_pl.models.generative.base import LAST_QUERY
 
