@@ -299,6 +299,10 @@ def test_hf_hub_checkpoint_downloads_the_repository_folder(hosts, tmp_path, monk
     hosts.hub["someone/gated"] = {}
     problem = released_weights(["--model", "biomedclip", "--model.checkpoint", "hf-hub:someone/gated"]).problem
     assert problem.startswith("--model.checkpoint: hf-hub:someone/gated: someone/gated is refused (HTTP 401)")
+    (folder / "open_clip_pytorch_model.bin").write_bytes(payload(6)[::-1])  # changed in place: refused, not re-downloaded
+    problem = released_weights(["--model", "biomedclip", "--model.checkpoint", f"hf-hub:{repo}"]).problem
+    assert problem.startswith(f"--model.checkpoint: {folder}/open_clip_pytorch_model.bin changed since it was pulled (SHA-256")
+    assert problem.endswith("delete it and run again to download it anew")
 
 
 def test_pull_places_every_released_models_files_where_test_by_name_reads_them(tmp_path, monkeypatch):

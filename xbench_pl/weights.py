@@ -10,7 +10,10 @@ cache, pulling them through the ecosystem's own clients and checking them agains
 - A file is downloaded into ``CACHE/.partial/<source>/`` (both clients resume from their partial files there),
   its SHA-256 checked against the lock, then renamed into place: nothing half-written or unchecked ever has its
   final name. The first pull records each file's SHA-256 and size in ``CACHE/weights.lock.json`` (and a hub
-  release's resolved commit, which later pulls then ask for); ``verify`` re-hashes.
+  release's resolved commit, which later pulls then ask for); ``verify`` re-hashes. A file a pull finds already in
+  place is recorded as ``"placed": "hand"``: what was found, unverified.
+- A run by name checks the cached files it is about to load against the lock (``check_cached``); a hash is
+  remembered with the file's size and ``mtime_ns``, so only a file touched since is hashed again.
 - Only this module and ``commands/weights.py`` download; models still read local files only.
 """
 
@@ -21,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +49,11 @@ HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetenso
                "model.safetensors", "pytorch_model.bin")
 KINDS = ("hub", "drive_folder", "drive_file", "github")
 PULL_COMMAND = "python -m xbench_pl weights pull"
+#: a lock entry's ``placed`` for a file a pull found in the cache rather than downloaded: its hash is only what was found
+HAND = "hand"
+#: a file written this recently may be written again within its filesystem's clock tick (FAT's is 2 s) with its
+#: mtime unchanged: its hash is remembered by (size, mtime_ns) only once it is older
+SETTLED_NS = 2_000_000_000
 
 
 class WeightsError(ValueError):
@@ -175,14 +184,97 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify(cache: Path, models: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """Re-hash the locked files (of ``models``, else all): ``(files that match, problems)``, each problem one line
-    naming the file."""
+def stamp(stat: os.stat_result) -> dict[str, int]:
+    """The lock entry's ``mtime_ns`` by which a file's hash is remembered; none for a file too recently written."""
+    return {"mtime_ns": stat.st_mtime_ns} if time.time_ns() - stat.st_mtime_ns > SETTLED_NS else {}
+
+
+def change(path: Path, recorded: dict, rehash: bool = True) -> str | None:
+    """How ``path`` differs from its lock entry ``recorded``, in words, or None. Without ``rehash``, the entry's hash is
+    trusted while the file's size and mtime_ns are the ones remembered with it; a file hashed and found unchanged has
+    them remembered in ``recorded`` (``remember`` writes them)."""
+    stat = path.stat()
+    if stat.st_size != recorded["size"]:
+        return f"size {stat.st_size} bytes differs from the lock's {recorded['size']}"
+    if not rehash and recorded.get("mtime_ns") == stat.st_mtime_ns:
+        return None
+    if (digest := sha256(path)) != recorded["sha256"]:
+        return f"SHA-256 {digest} differs from the lock's {recorded['sha256']}"
+    recorded.pop("mtime_ns", None)
+    recorded.update(stamp(stat))
+    return None
+
+
+def since(recorded: dict) -> str:
+    return "placed by hand" if recorded.get("placed") == HAND else "pulled"
+
+
+def remember(cache: Path, checked: dict[tuple[str, str], dict]) -> None:
+    """Write the stamps ``change`` gave the ``checked`` entries ((source, name) -> entry) into the lock as it is now
+    (a pull may have written it meanwhile), where an entry's hash is still the one checked and its stamp is new."""
+    lock, new = read_lock(cache), False
+    for (source, name), recorded in checked.items():
+        entry = lock.get(source, {}).get("files", {}).get(name)
+        if entry is not None and entry["sha256"] == recorded["sha256"] and entry.get("mtime_ns") != recorded.get("mtime_ns"):
+            entry.pop("mtime_ns", None)
+            if "mtime_ns" in recorded:
+                entry["mtime_ns"] = recorded["mtime_ns"]
+            new = True
+    if new:
+        try:
+            write_lock(cache, lock)
+        except OSError:  # a cache shared read-only: its files are hashed again next time, nothing else is lost
+            pass
+
+
+def check_files(cache: Path, files: dict[str, list[str]], fix: str) -> list[Path]:
+    """The cached files (source -> names; those present) a run is about to load, checked against the lock with
+    ``change``'s remembered hashes: the first that changed since it was pulled or placed raises ``WeightsError``
+    naming it, what changed and ``fix``. Returns those no pull downloaded (placed by hand, or not in the lock), which a
+    run may load unverified."""
+    lock = read_lock(cache)
+    unverified, checked = [], {}
+    try:
+        for source, names in files.items():
+            for name in names:
+                path, recorded = cache / source / name, lock.get(source, {}).get("files", {}).get(name)
+                if not path.is_file():
+                    continue
+                if recorded is None or recorded.get("placed") == HAND:
+                    unverified.append(path)
+                if recorded is None:
+                    continue
+                if (what := change(path, recorded, rehash=False)) is not None:
+                    raise WeightsError(f"{path} changed since it was {since(recorded)} ({what}); {fix}")
+                checked[(source, name)] = recorded
+    finally:  # what was hashed is remembered even when a later file stops the run
+        remember(cache, checked)
+    return unverified
+
+
+def check_cached(needs: Needs, cache: Path) -> str | None:
+    """Before a run by name loads ``needs``' cached files: ``WeightsError`` (one line) for a file changed since it was
+    pulled; the warning line naming the files no pull downloaded, or None."""
+    sources, _ = read_sources()
+    pull_again = f"`{PULL_COMMAND} {needs.model}`"
+    try:
+        unverified = check_files(cache, wanted_files(needs, sources, cache), f"delete it and run {pull_again} again")
+    except WeightsError as error:
+        raise WeightsError(f"--model {needs.model}: {error}") from None
+    if not unverified:
+        return None
+    return (f"--model {needs.model}: unverified: {', '.join(str(p) for p in unverified)} placed in the weights cache by "
+            f"hand, not downloaded by `weights pull` (to verify, delete and run {pull_again})")
+
+
+def verify(cache: Path, models: list[str] | None = None) -> tuple[list[str], list[str], list[str]]:
+    """Re-hash the locked files (of ``models``, else all): ``(pulled files that match, files placed by hand that are
+    as found: unverified, problems)``, each problem one line naming the file."""
     sources, needs = read_sources()
     lock = read_lock(cache)
     selected = None if models is None else {
         (source, name) for m in models for source, names in wanted_files(needs[m], sources, cache).items() for name in names}
-    good, problems = [], []
+    good, unverified, problems, checked = [], [], [], {}
     for source, entry in sorted(lock.items()):
         for name, recorded in sorted(entry.get("files", {}).items()):
             if selected is not None and (source, name) not in selected:
@@ -190,15 +282,24 @@ def verify(cache: Path, models: list[str] | None = None) -> tuple[list[str], lis
             path = cache / source / name
             if not path.is_file():
                 problems.append(f"{path}: missing (locked with SHA-256 {recorded['sha256']})")
-            elif (digest := sha256(path)) != recorded["sha256"]:
-                problems.append(f"{path}: SHA-256 {digest} differs from the lock's {recorded['sha256']} (changed since "
-                                f"it was pulled; delete it and pull again)")
+            elif (what := change(path, recorded)) is not None:
+                problems.append(f"{path}: {what} (changed since it was {since(recorded)}; delete it and pull again)")
             else:
-                good.append(str(path))
+                checked[(source, name)] = recorded
+                (unverified if recorded.get("placed") == HAND else good).append(str(path))
+    remember(cache, checked)
     if selected is not None:
         locked = {(s, n) for s, e in lock.items() for n in e.get("files", {})}
         problems += [f"{cache / s / n}: not pulled (no lock entry)" for s, n in sorted(selected - locked)]
-    return good, problems
+    return good, unverified, problems
+
+
+def lock_entry(lock: dict, cache: Path, path: Path) -> dict | None:
+    """The lock's entry of the cached file ``path``, or None."""
+    for source, entry in lock.items():
+        if path.is_relative_to(cache / source):
+            return entry.get("files", {}).get(path.relative_to(cache / source).as_posix())
+    return None
 
 
 # -- pulling -----------------------------------------------------------------------------------------------------
@@ -231,8 +332,8 @@ def pull_file(source: Source, name: str, cache: Path, quiet: bool) -> Path:
     lock = read_lock(cache)
     recorded = lock.get(source.name, {}).get("files", {}).get(name)
     if final.is_file():
-        if recorded is None:  # placed by hand, or before the lock: record it as it is
-            record(cache, source, name, final, None)
+        if recorded is None:  # placed by hand, or before the lock: record what was found, as unverified
+            record(cache, source, name, final, None, by_hand=True)
         return final
     partial = cache / PARTIAL / source.name
     try:
@@ -285,12 +386,15 @@ def host_of(source: Source) -> str:
     return {"hub": hub_endpoint(), "github": os.environ.get(GITHUB_RAW_ENV, DEFAULT_GITHUB_RAW)}.get(source.kind, drive_base())
 
 
-def record(cache: Path, source: Source, name: str, path: Path, commit: str | None, digest: str | None = None) -> None:
+def record(cache: Path, source: Source, name: str, path: Path, commit: str | None, digest: str | None = None,
+           by_hand: bool = False) -> None:
     lock = read_lock(cache)
     entry = lock.setdefault(source.name, {"from": source.describe(), "files": {}})
     if commit:
         entry["revision"] = commit
-    entry["files"][name] = {"sha256": digest or sha256(path), "size": path.stat().st_size}
+    stat = path.stat()  # before hashing here: a write meanwhile changes the mtime, so the hash is not remembered by it
+    entry["files"][name] = {"sha256": digest or sha256(path), "size": stat.st_size, **stamp(stat),
+                            **({"placed": HAND} if by_hand else {})}
     write_lock(cache, lock)
 
 
@@ -461,6 +565,7 @@ def hub_folder(value: str, cache: Path | None = None, quiet: bool = False) -> Pa
     key, folder = f"hf-hub/{repo}", cache / "hf-hub" / repo
     entry = read_lock(cache).get(key)
     if entry and (not revision or revision == entry.get("asked")) and all((folder / n).is_file() for n in entry["files"]):
+        check_files(cache, {key: list(entry["files"])}, "delete it and run again to download it anew")
         return folder
     check_cache(cache)
     try:

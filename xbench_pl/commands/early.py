@@ -252,8 +252,9 @@ def released_weights(argv: list[str]) -> Released:
     given too (without a checkpoint on the command line): the model refuses the first it reads after every option
     has been checked, and the dispatcher prints ``message`` instead, which names the pull command. ``random_init``
     needs no files."""
-    from xbench_pl.weights import (CACHE_ENV, HUB, PULL_COMMAND, Needs, WeightsError, cache_dir, cached_arguments, hub_folder,
-                                   read_sources)
+    from xbench_pl.console import note
+    from xbench_pl.weights import (CACHE_ENV, HUB, PULL_COMMAND, Needs, WeightsError, cache_dir, cached_arguments, check_cached,
+                                   hub_folder, read_sources)
 
     if asks_help(argv):
         return Released(argv)
@@ -282,6 +283,12 @@ def released_weights(argv: list[str]) -> Released:
     chosen = "checkpoint" not in wanted or any(a == "--config" or a.startswith("--config=") for a in argv)
     if chosen:  # the user's own checkpoint (or a config that may name one): only what the cache holds comes along
         wanted = {arg: refs for arg, refs in wanted.items() if not any(lacks(ref) for ref in refs)}
+    try:  # the cached files about to be loaded, against the lock: a changed one stops the run, one placed by hand is named
+        unverified = check_cached(Needs(name, wanted, needs.listed), cache)
+    except WeightsError as error:
+        return Released(argv, str(error))
+    if unverified:
+        note(f"warning: {unverified}")
     index = next(i for i, arg in enumerate(argv) if arg in ("--model", f"--model={name}"))
     after = index + (1 if "=" in argv[index] else 2)
     argv = [*argv[:after], *(x for arg in wanted for x in (f"--model.{arg}", values[arg])), *argv[after:]]

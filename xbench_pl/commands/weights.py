@@ -2,7 +2,8 @@
 
 Where each model's files come from is data (xbench_pl/models/configs/weights.yaml); they are pulled into one cache
 (--dir, else $XBENCH_WEIGHTS_DIR, else ~/.cache/xbench_pl/weights), where ``test --model NAME`` finds them. The
-first pull records each file's SHA-256 in the cache's weights.lock.json; ``verify`` re-checks them.
+first pull records each file's SHA-256 in the cache's weights.lock.json; ``verify`` re-checks them. A file found in
+the cache rather than downloaded is recorded as placed by hand: unverified.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ USAGE = "weights {list,pull,verify} [NAME ...] [--dir DIR] [--quiet]"
 OPTIONS = {
     "list": "every registered model: the files it reads, their source, licence, size, and whether they are here",
     "pull NAME ...": "download the models' files into the cache (resumes an interrupted pull; checks the lock)",
-    "verify [NAME ...]": "re-hash the pulled files (of NAME, else all) against the lock; exit 2 naming a changed file",
+    "verify [NAME ...]": "re-hash the pulled files (of NAME, else all) against the lock; exit 2 naming a changed file; "
+                         "a file placed by hand is named as unverified",
     "--dir DIR": "the cache (default: $XBENCH_WEIGHTS_DIR, else ~/.cache/xbench_pl/weights)",
     "--quiet": "no progress bars",
 }
@@ -32,7 +34,7 @@ def size_text(size: int) -> str:
 
 def status(needs, sources, cache, lock) -> tuple[str, str | None]:
     """``(what is here, pulled size)`` of a model's files."""
-    from xbench_pl.weights import wanted_files
+    from xbench_pl.weights import HAND, wanted_files
 
     files = [(s, n) for s, names in wanted_files(needs, sources, cache).items() for n in names]
     present = [(s, n) for s, n in files if (cache / s / n).is_file()]
@@ -44,6 +46,8 @@ def status(needs, sources, cache, lock) -> tuple[str, str | None]:
         return "present, not in the lock", pulled
     if any(r["size"] != (cache / s / n).stat().st_size for r, (s, n) in zip(recorded, files)):
         return f"present, CHANGED size since pulled ({PROG} weights verify {needs.model})", pulled
+    if any(r.get("placed") == HAND for r in recorded):
+        return "present, placed by hand (unverified)", pulled
     return "present, locked (verify re-hashes)", pulled
 
 
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if action not in ("list", "pull", "verify") or unknown or (action == "pull" and not names) or (action == "list" and names):
         print(wrap(f"error: usage: {PROG} {USAGE}" + (f" (unknown option {unknown[0]})" if unknown else "")), file=sys.stderr)
         return 2
-    from xbench_pl.weights import WeightsError, cache_dir, pull, read_sources, verify  # here: --help reads no YAML
+    # imported here: --help reads no YAML
+    from xbench_pl.weights import HAND, WeightsError, cache_dir, lock_entry, pull, read_lock, read_sources, verify
 
     cache = cache_dir(folder)
     if action == "list":
@@ -103,15 +108,24 @@ def main(argv: list[str] | None = None) -> int:
         if action == "pull":
             for name in names:
                 placed = pull(name, cache, quiet)
-                say(wrap(f"{name}: {len(placed)} file(s) in {cache}" if placed else f"{name}: weight-free, nothing to pull"))
+                lock = read_lock(cache)
+                by_hand = [str(p.relative_to(cache)) for p in placed if (lock_entry(lock, cache, p) or {}).get("placed") == HAND]
+                hand = (f"; {len(by_hand)} placed by hand, not downloaded: unverified ({', '.join(by_hand)}; delete and "
+                        "pull again to verify)") if by_hand else ""
+                say(wrap(f"{name}: {len(placed)} file(s) in {cache}{hand}" if placed else f"{name}: weight-free, nothing to pull"))
             return 0
-        good, problems = verify(cache, names or None)
+        good, unverified, problems = verify(cache, names or None)
     except WeightsError as error:
         print(wrap(f"error: {error}"), file=sys.stderr)
         return 2
     for problem in problems:
         print(wrap(f"error: {problem}"), file=sys.stderr)
-    say(wrap(f"{len(good)} file(s) match the lock in {cache}" + (f"; {len(problems)} do not" if problems else "")))
+    for path in unverified:
+        print(wrap(f"warning: {path}: placed by hand, not downloaded: unverified (it is as it was found; delete it and "
+                   "pull again to verify)"), file=sys.stderr)
+    say(wrap(f"{len(good)} pulled file(s) match the lock in {cache}"
+             + (f"; {len(unverified)} placed by hand, unverified" if unverified else "")
+             + (f"; {len(problems)} do not" if problems else "")))
     return 2 if problems else 0
 
 
