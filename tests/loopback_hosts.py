@@ -4,7 +4,15 @@
   (HEAD and GET with ``X-Repo-Commit``, ``ETag``, ``Content-Length``, ``Range``), ``api/models/{repo}[/revision/
   {revision}]``; gated repositories answer 401 or 403 as the hub does, a missing file 404 ``EntryNotFound``;
 - ``/drive``: Google Drive's ``embeddedfolderview?id=`` listing page and ``uc?id=`` file downloads (``Range`` too);
-- ``/raw``: raw.githubusercontent.com's ``{org}/{repo}/{commit}/{path}``.
+- ``/raw``: raw.githubusercontent.com's ``{org}/{repo}/{commit}/{path}``; ``/github-api``: api.github.com's
+  ``repos/{org}/{repo}/git/trees/{commit}?recursive=1`` listing those files;
+- ``/kaggle``: the Kaggle API routes the ``kaggle`` client calls (``XBENCH_KAGGLE_URL``): POST
+  ``v1/competitions.CompetitionApiService/DownloadDataFile`` and ``v1/datasets.DatasetApiService/DownloadDataset``
+  (basic auth with ``kaggle_login``, else 401; a refused competition or dataset 403 as Kaggle's JSON error), answered
+  by a redirect to ``/kaggle-files/...`` (``Range``, ``Last-Modified``);
+- ``/physionet``: physionet.org's ``files/{project}/{version}/{path}`` behind basic auth (``physionet_login``; a
+  project in ``physionet_refused``: 403, as for an account without its data use agreement);
+- ``/plain``: any other host's plain files.
 
 Faults: ``drop`` (paths whose first GET ends half way through, the connection closed), ``stall`` (paths whose GETs send
 half the file and then hang). ``requests`` logs ``(method, path, Range header)``.
@@ -29,6 +37,13 @@ class Hosts:
         self.drive_files: dict[str, tuple[str, bytes]] = {}  # id -> (name, bytes)
         self.drive_folders: dict[str, tuple[str, list[str]]] = {}  # id -> (title, child ids: files or folders)
         self.raw: dict[str, bytes] = {}  # "org/repo/commit/path" -> bytes
+        self.kaggle: dict[str, dict[str, bytes]] = {}  # "competitions/NAME" or "datasets/OWNER/NAME" -> file -> bytes
+        self.kaggle_refused: set[str] = set()
+        self.kaggle_login = ("tester", "kaggle-key")
+        self.physionet: dict[str, bytes] = {}  # "project/version/path" -> bytes
+        self.physionet_refused: set[str] = set()  # "project/version"
+        self.physionet_login = ("reader", "physionet-secret")
+        self.plain: dict[str, bytes] = {}  # path -> bytes
         self.drop: set[str] = set()
         self.stall: set[str] = set()
         self.requests: list[tuple[str, str, str | None]] = []
@@ -40,7 +55,9 @@ class Hosts:
     def environ(self) -> dict[str, str]:
         """The environment that points ``weights pull`` here."""
         return {"HF_ENDPOINT": f"{self.url}/hub", "XBENCH_DRIVE_URL": f"{self.url}/drive",
-                "XBENCH_GITHUB_RAW_URL": f"{self.url}/raw", "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1",
+                "XBENCH_GITHUB_RAW_URL": f"{self.url}/raw", "XBENCH_GITHUB_API_URL": f"{self.url}/github-api",
+                "XBENCH_KAGGLE_URL": f"{self.url}/kaggle", "XBENCH_PHYSIONET_URL": f"{self.url}/physionet",
+                "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1",
                 "no_proxy": "127.0.0.1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
     def drive_folder(self, folder_id: str, title: str, files: dict[str, bytes]) -> None:
@@ -78,6 +95,37 @@ class Hosts:
             def do_GET(self):
                 self.answer(head=False)
 
+            def do_POST(self):
+                url = urlparse(self.path)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                hosts.requests.append(("POST", url.path, None))
+                service = url.path.rsplit("/", 2)[-2:]
+                if service == ["competitions.CompetitionApiService", "DownloadDataFile"]:
+                    item, name = f"competitions/{body.get('competitionName')}", body.get("fileName")
+                elif service == ["datasets.DatasetApiService", "DownloadDataset"]:
+                    item = f"datasets/{body.get('ownerSlug')}/{body.get('datasetSlug')}"
+                    name = body.get("fileName") or f"{body.get('datasetSlug')}.zip"
+                else:
+                    return self.send(404, b"{}", {}, False)
+                if not self.logged_in(hosts.kaggle_login):
+                    return self.kaggle_error(401, "Unauthenticated")
+                if item in hosts.kaggle_refused:
+                    return self.kaggle_error(403, "You must accept this competition's rules before you'll be able to "
+                                                  "download files.")
+                if name not in hosts.kaggle.get(item, {}):
+                    return self.kaggle_error(404, "Not found")
+                self.send(302, b"", {"Location": f"{hosts.url}/kaggle-files/{item}/{name}"}, False)
+
+            def kaggle_error(self, status: int, message: str):
+                body = json.dumps({"code": status, "message": message}).encode()
+                self.send(status, body, {"Content-Type": "application/json"}, False)
+
+            def logged_in(self, login: tuple[str, str]) -> bool:
+                import base64
+
+                expected = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+                return self.headers.get("Authorization") == expected
+
             def answer(self, head: bool):
                 url = urlparse(self.path)
                 hosts.requests.append((self.command, url.path, self.headers.get("Range")))
@@ -98,6 +146,30 @@ class Hosts:
                     self.file(hosts.drive_files[query["id"]][1], url.path, head, {})
                 elif route == "raw" and unquote(rest) in hosts.raw:
                     self.file(hosts.raw[unquote(rest)], url.path, head, {})
+                elif route == "github-api" and rest.startswith("repos/") and "/git/trees/" in rest:
+                    repo, _, commit = rest[len("repos/"):].partition("/git/trees/")
+                    prefix = f"{repo}/{commit}/"
+                    tree = [{"path": key[len(prefix):], "type": "blob"} for key in sorted(hosts.raw) if key.startswith(prefix)]
+                    self.send(200, json.dumps({"sha": commit, "tree": tree, "truncated": False}).encode(),
+                              {"Content-Type": "application/json"}, head)
+                elif route == "kaggle-files":
+                    item = unquote(rest)
+                    owner = next((k for k in hosts.kaggle if item.startswith(k + "/")), None)
+                    if owner is None or item[len(owner) + 1:] not in hosts.kaggle[owner]:
+                        return self.send(404, b"not found", {}, head)
+                    self.file(hosts.kaggle[owner][item[len(owner) + 1:]], url.path, head,
+                              {"Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"})
+                elif route == "physionet":
+                    item = unquote(rest)
+                    if not self.logged_in(hosts.physionet_login):
+                        return self.send(401, b"unauthorized", {"WWW-Authenticate": 'Basic realm="PhysioNet"'}, head)
+                    if "/".join(item.split("/")[:2]) in hosts.physionet_refused:
+                        return self.send(403, b"forbidden", {}, head)
+                    if item not in hosts.physionet:
+                        return self.send(404, b"not found", {}, head)
+                    self.file(hosts.physionet[item], url.path, head, {})
+                elif route == "plain" and unquote(rest) in hosts.plain:
+                    self.file(hosts.plain[unquote(rest)], url.path, head, {})
                 else:
                     self.send(404, b"not found", {}, head)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_cli import REPO, in_process
@@ -215,7 +216,9 @@ def test_compare_with_one_store_says_two_are_needed(capsys, tmp_path):
 def test_a_wrong_data_root_says_what_is_wrong_and_what_the_folder_should_hold(capsys, tmp_path):
     layout = "BBox_List_2017.csv and the images*/ folders of PNGs"
     code, _, err = run(capsys, "describe", "--data", "nih_bbox")
-    assert (code, err) == (2, f"error: --data.root: nih_bbox root not set: give the folder holding {layout}\n")
+    pulled = Path.home() / ".cache" / "xbench_pl" / "data" / "nih_bbox"
+    assert (code, err) == (2, f"error: --data.root: nih_bbox root not set: give the folder holding {layout} (or `python "
+                              f"-m xbench_pl data pull nih_bbox` fills {pulled})\n")
     code, _, err = run(capsys, "describe", "--data", "nih_bbox", "--data.root", str(tmp_path / "missing"))
     assert (code, err) == (2, f"error: --data.root: {tmp_path / 'missing'}: no such folder (give nih_bbox's folder, holding {layout})\n")
     code, _, err = run(capsys, "describe", "--data", "nih_bbox", "--data.root", str(tmp_path))

@@ -8,7 +8,10 @@
 - ``datasets``: ``{DATASET: {"classes": {CLASS: ROW}, "mean": ROW, "problems": [...]}}``; ROW keys
   and their definitions are in ``xbench_pl.metrics.benchmark`` and the README's "Metrics"
   section. Fractions are float64 in [0, 1] (computed in float64 from exact sums and counts),
-  null where undefined; ``problems``: ``{"file", "row", "reason", "action"}`` per bad input;
+  null where undefined; ``problems``: ``{"file", "row", "reason", "action"}`` per bad input; ``evaluated`` (a
+  dataset pulled by name): which images were scored, ``{"split", "images" (or the set's unit), "ids_sha256",
+  "pinned"}``, the SHA-256 of the sorted ids against the evaluation set's pinned list
+  (``xbench_pl.data.sources.compare_ids``), so two runs can be seen to have scored the same images;
 - ``config``: the resolved ``model`` and ``data`` configs (``class_path``, ``init_args``) and the precision;
 - ``provenance``: ``xbench_pl``, ``git_commit`` (null outside a git checkout), ``git_dirty``,
   ``python``, ``torch``, ``lightning``, ``torchmetrics``, ``device``, ``accelerator``,
@@ -305,8 +308,12 @@ def host_provenance(started: float, device: torch.device, accelerator: str, worl
 
 
 def build_report(model: str, results: dict[str, dict], problems: dict[str, list], config: dict,
-                 random_weights: bool = False, provenance: dict | None = None, explainer: dict | None = None) -> dict:
+                 random_weights: bool = False, provenance: dict | None = None, explainer: dict | None = None,
+                 evaluated: dict[str, dict | None] | None = None) -> dict:
     datasets = {name: {**table, "problems": [p.to_dict() for p in problems.get(name, [])]} for name, table in results.items()}
+    for name, identity in (evaluated or {}).items():  # which images were scored (data.sources.compare_ids)
+        if identity is not None and name in datasets:
+            datasets[name]["evaluated"] = identity
     report = {"model": model, "random_weights": random_weights, "datasets": datasets, "config": config}
     if explainer is not None:
         report["explainer"] = explainer

@@ -30,7 +30,7 @@ DEBUG_ENV = "XBENCH_DEBUG"
 INTERRUPTED = 130
 #: every command's module
 COMMANDS = {"test": "trainer", "fit": "trainer", "describe": "describe", "score": "score", "compare": "compare",
-            "sweep": "sweep", "report": "report", "export": "export", "store": "store", "weights": "weights"}
+            "sweep": "sweep", "report": "report", "export": "export", "store": "store", "weights": "weights", "data": "data"}
 
 
 def usage() -> str:

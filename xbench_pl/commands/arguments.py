@@ -20,6 +20,7 @@ SUMMARIES = {
     "compare": "paired bootstrap of two prediction stores on the same data: each metric's difference, 95 % CI and p-value",
     "sweep": "run a W&B sweep YAML locally (no server): one test per configuration, a summary table",
     "weights": "weights list|pull|verify: the registered models' released weights, fetched by name into one cache",
+    "data": "data list|pull|verify: the datasets by name: hosts and terms, download, check a folder against its split",
     "report": "build report.md and a self-contained report.html from run folders (tables, figures, heatmaps)",
 }
 

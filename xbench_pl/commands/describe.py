@@ -26,6 +26,7 @@ from jsonargparse import ArgumentParser
 from xbench_pl.commands.arguments import command_help, take_option
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError, Problem
+from xbench_pl.data.sources import compare_ids, identity_line
 from xbench_pl.registry import available, read_data_config
 
 if TYPE_CHECKING:  # the data classes import torch: --help starts without it
@@ -102,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             continue
         summaries[child.name] = summarize(records, child.classes, child.problems)
+        if child.eval_set is not None:  # which images, against the evaluation set (as metrics.json records it)
+            summaries[child.name]["evaluated"] = compare_ids(child.eval_set, [r.image_id for r in records])
     if args.json and (pooled or summaries):
         print(json.dumps({"datasets": summaries} if pooled else summaries[datamodule.name], indent=2))
     elif summaries:
-        print("\n\n".join(format_summary(name, summary) for name, summary in summaries.items()))
+        print("\n\n".join(format_summary(name, summary) + (f"\n{identity_line(name, summary['evaluated'])}"
+                                                            if "evaluated" in summary else "")
+                            for name, summary in summaries.items()))
     return (1 if summaries else 2) if failed else 0
 
 

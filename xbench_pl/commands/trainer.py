@@ -470,6 +470,7 @@ class XBenchCLI(LightningCLI):
             random_weights=bool(getattr(self.model, "random_weights", False)),
             provenance=provenance(self.trainer, self.started),
             explainer=self.model.explainer_info,
+            evaluated={dm.name: dm.evaluated_ids() for dm in self.datamodule.datamodules},
         )
         writer = self.prediction_writer
         try:

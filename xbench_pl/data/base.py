@@ -23,7 +23,8 @@ import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
-from xbench_pl.data import splits
+from xbench_pl.console import note
+from xbench_pl.data import sources, splits
 from xbench_pl.data.annotations import checked_box
 from xbench_pl.data.cache import CACHE_ENV, ImageStore
 from xbench_pl.data.errors import DataError, Problem
@@ -219,7 +220,12 @@ class XBenchData:
     ``classes`` may choose from) and implement ``load_records``.
 
     Args:
-        root: folder of the dataset exactly as it unpacks from its official source.
+        root: folder of the dataset exactly as it unpacks from its official source; not given, the folder
+            ``data pull NAME`` fills (``sources.default_root``) where it is there.
+        split: the evaluation set (``sources.yaml``; ``data list`` shows each dataset's): which of the reader's own
+            splits it reads and, for a set other than the default that pins its image ids, only those (a pinned id
+            missing from the folder is a bad input). The default set (also when not given) is read whole and compared
+            with its pinned ids (``evaluated_ids``).
         split_file: the image ids to evaluate (``read_split_file``): one id a line (a first line
             that is no image id of the dataset, such as ``image_id``, is a header), or a CSV with
             a header row and an ``image_id`` or ``id`` column (else its first column).
@@ -264,6 +270,7 @@ class XBenchData:
     def __init__(
         self,
         root: str | None = None,
+        split: str | None = None,
         split_file: str | None = None,
         classes: list[str] | None = None,
         batch_size: PositiveInt = 16,
@@ -290,7 +297,9 @@ class XBenchData:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if eval_size < 1:
             raise ValueError(f"eval_size must be positive, got {eval_size}")
-        self.root = None if root is None else Path(root)
+        self.root = Path(root) if root is not None else sources.default_root(self.name)
+        self.eval_set = sources.eval_set(self.name, split)
+        self.split = self.eval_set.reads if self.eval_set is not None else None  # the reader's own split
         self.split_file = split_file
         self.classes = list(classes) if classes else list(self.default_classes)
         allowed = self.available_classes or self.default_classes
@@ -316,7 +325,8 @@ class XBenchData:
         """``root``, or a ``DataError`` naming ``--data.root`` when it is not set or is no folder; ``layout``
         says what the folder holds (the dataset as it unpacks)."""
         if self.root is None:
-            raise DataError("--data.root", f"{self.name} root not set: give the folder holding {layout}")
+            pull = f" (or `{sources.PULL_COMMAND} {self.name}` fills {sources.data_dir() / self.name})" if self.eval_set else ""
+            raise DataError("--data.root", f"{self.name} root not set: give the folder holding {layout}{pull}")
         if not self.root.is_dir():
             raise DataError("--data.root", f"{self.root}: no such folder (give {self.name}'s folder, holding {layout})")
         return self.root
@@ -389,8 +399,11 @@ class XBenchData:
         """The evaluated set for ``preprocess``; records are read and checked once, on first use."""
         if self.test_set is not None and self.test_set.preprocess == preprocess:
             return
-        records = self.test_set.records if self.test_set is not None else self.prepare_records()
+        first = self.test_set is None
+        records = self.test_set.records if not first else self.prepare_records()
         self.test_set = XBenchDataset(self.name, records, self.classes, preprocess, self.eval_size, self.images)
+        if first and self.eval_set is not None and self.is_rank_zero():  # which images, said before they are scored
+            note(sources.identity_line(self.name, self.evaluated_ids()))
 
     def prepare_records(self) -> list[Record]:
         """Load, split and check the records to evaluate; ``problems`` lists what was wrong."""
@@ -472,6 +485,17 @@ class XBenchData:
                 f"original pixels) and covers no eval-pixel centre; a larger --data.eval_size keeps it")
 
     def apply_split(self, records: list[Record]) -> list[Record]:
+        """The records of an evaluation set that keeps its pinned ids (``EvalSet.restricts``; each pinned id the
+        annotations lack is a bad input), then of ``split_file``."""
+        pinned = self.eval_set.ids() if self.eval_set is not None and self.eval_set.restricts else None
+        if pinned is not None:
+            by_id = {r.image_id: r for r in records}
+            for line, image_id in enumerate(pinned, start=1):
+                if image_id not in by_id:
+                    self.report(DataError(sources.EVAL_SETS / self.eval_set.ids_file, f"image id {image_id!r} of split "
+                                          f"{self.eval_set.name} is not in the {self.name} annotations under {self.root}",
+                                          row=line))
+            records = [by_id[i] for i in pinned if i in by_id]
         if self.split_file is None:
             return records
         by_id = {r.image_id: r for r in records}
@@ -482,6 +506,13 @@ class XBenchData:
             if image_id not in by_id:
                 self.report(DataError(self.split_file, f"image id {image_id!r} is not in the {self.name} annotations", row=line))
         return [by_id[i] for i in wanted if i in by_id]
+
+    def evaluated_ids(self) -> dict | None:
+        """Which images this run evaluates, against its evaluation set (``sources.compare_ids``: what ``metrics.json``
+        records); None for a generated dataset or before setup."""
+        if self.eval_set is None or self.test_set is None:
+            return None
+        return sources.compare_ids(self.eval_set, [r.image_id for r in self.test_set.records])
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:  # set up for fit: the evaluated set is built on first use

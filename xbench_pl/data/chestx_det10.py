@@ -27,7 +27,8 @@ entries are equal, else an error. Boxes reaching outside the image are clipped a
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
+
 
 from xbench_pl.data.annotations import ImageIndex, parse_box, read_json
 from xbench_pl.data.base import Record, XBenchData
@@ -35,15 +36,17 @@ from xbench_pl.data.errors import UNUSABLE_BOX, DataError
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 from xbench_pl.registry import lightning_datamodules
 
+
+
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
 Split = Literal["test", "train"]
-SPLITS = get_args(Split)
 
 
 class ChestXDet10Data(XBenchData):
     """ChestX-Det10 boxes.
 
     Args:
-        split: ``"test"`` (default, ``test.json``) or ``"train"`` (``train.json``).
+        split: (``XBenchData``) ``"test"`` (default, ``test.json``) or ``"train"`` (``train.json``).
         image_dir: folder of the PNGs relative to ``root`` (default: search all of ``root``;
             set it if train and test images sit in different folders under one root).
         **kwargs: ``XBenchData`` arguments.
@@ -53,11 +56,9 @@ class ChestXDet10Data(XBenchData):
     default_classes = dataset_classes("chestx_det10")
     fit_official_split = "train"
 
-    def __init__(self, root: str | None = None, split: Split = "test", image_dir: str | None = None, **kwargs):
-        super().__init__(root=root, **kwargs)
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        self.split, self.image_dir = split, image_dir
+    def __init__(self, root: str | None = None, split: Split | None = None, image_dir: str | None = None, **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
+        self.image_dir = image_dir
 
     def load_records(self) -> list[Record]:
         self.checked_root("test.json, train.json and the PNG images")

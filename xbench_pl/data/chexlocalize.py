@@ -37,7 +37,7 @@ dropped and recorded. ``img_size`` is not read: masks are checked against the de
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from xbench_pl.data.annotations import ImageIndex, RLEMask, find_one, parse_polygon, read_json
 from xbench_pl.data.base import Record, XBenchData
@@ -48,8 +48,6 @@ from xbench_pl.data.regions import Region
 from xbench_pl.data.vocabulary import canonical, dataset_classes
 from xbench_pl.registry import lightning_datamodules
 
-Split = Literal["test", "val"]
-SPLITS = get_args(Split)
 LABEL_FILES = {"test": ("test_labels.csv",), "val": ("val_labels.csv", "valid.csv")}
 #: optional CSV columns of the record's subgroups (``xbench_pl.data.groups``): sex, age, view (empty for laterals)
 GROUP_COLUMNS = ("Sex", "Age", "AP/PA")
@@ -68,11 +66,15 @@ def cxr_patient(path: str | Path) -> str | None:
     return parts[-3] if len(parts) >= 3 and parts[-3].startswith("patient") else None
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["test", "val"]
+
+
 class CheXlocalizeData(XBenchData):
     """CheXlocalize ground-truth segmentations with CheXpert labels.
 
     Args:
-        split: ``"test"`` (default) or ``"val"``.
+        split: (``XBenchData``) ``"test"`` (default) or ``"val"``.
         regions: ``"segmentations"`` (COCO RLE masks, default) or ``"annotations"`` (polygons).
         **kwargs: ``XBenchData`` arguments.
     """
@@ -81,13 +83,12 @@ class CheXlocalizeData(XBenchData):
     default_classes = dataset_classes("chexlocalize")
     fit_official_split = "val"
 
-    def __init__(self, root: str | None = None, split: Split = "test", regions: RegionSource = "segmentations", **kwargs):
-        super().__init__(root=root, **kwargs)
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    def __init__(self, root: str | None = None, split: Split | None = None, regions: RegionSource = "segmentations",
+                 **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
         if regions not in REGION_FILES:
             raise ValueError(f"regions must be one of {tuple(REGION_FILES)}, got {regions!r}")
-        self.split, self.regions = split, regions
+        self.regions = regions
 
     def load_records(self) -> list[Record]:
         self.checked_root("the label CSVs and gt_segmentations_*.json / gt_annotations_*.json, with the CheXpert images")

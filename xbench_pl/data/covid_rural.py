@@ -56,6 +56,10 @@ REGION_SOURCES = get_args(RegionSource)
 PATIENT_INFO = "covid_rural_patient_info.csv"
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["masked"]
+
+
 class COVIDRuralData(XBenchData):
     """COVID-19 Rural opacity masks or polygons.
 
@@ -67,8 +71,8 @@ class COVIDRuralData(XBenchData):
     name = "covid_rural"
     default_classes = (OPACITY,)
 
-    def __init__(self, root: str | None = None, regions: RegionSource = "masks", **kwargs):
-        super().__init__(root=root, **kwargs)
+    def __init__(self, root: str | None = None, split: Split | None = None, regions: RegionSource = "masks", **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
         if regions not in REGION_SOURCES:
             raise ValueError(f"regions must be one of {REGION_SOURCES}, got {regions!r}")
         self.regions = regions

@@ -128,6 +128,10 @@ def parse_row(row) -> PhraseRow:
     return PhraseRow(row.dicom_id, category, row.label_text, row.path, box, (width, height), row.row)
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["all"]
+
+
 class MSCXRData(XBenchData):
     """MS-CXR phrase grounding: one item per (image, phrase) (module docstring).
 
@@ -145,9 +149,9 @@ class MSCXRData(XBenchData):
     name = "ms_cxr"
     default_classes = MS_CXR_CLASSES
 
-    def __init__(self, root: str | None = None, csv: str | None = None, image_root: str | None = None,
-                 queries: QueryTexts = "phrases", **kwargs):
-        super().__init__(root=root, **kwargs)
+    def __init__(self, root: str | None = None, split: Split | None = None, csv: str | None = None,
+                 image_root: str | None = None, queries: QueryTexts = "phrases", **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
         if queries not in get_args(QueryTexts):
             raise ValueError(f"queries must be 'phrases' or 'names', got {queries!r}")
         self.queries = queries

@@ -31,6 +31,8 @@ duplicate row is dropped; both corrections are always recorded in ``problems``, 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +77,10 @@ def read_box_table(path: str | Path) -> pd.DataFrame:
 NIH_LAYOUT = f"{BOX_TABLE} and the images*/ folders of PNGs"
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["boxed"]
+
+
 class NIHBoxData(XBenchData):
     """NIH ChestX-ray14 with radiologist boxes.
 
@@ -89,8 +95,9 @@ class NIHBoxData(XBenchData):
     default_classes = NIH_BOX_CLASSES
     fit_test_list = "test_list.txt"
 
-    def __init__(self, root: str | None = None, negatives: NonNegativeInt = 0, seed: int = 0, **kwargs):
-        super().__init__(root=root, **kwargs)
+    def __init__(self, root: str | None = None, split: Split | None = None, negatives: NonNegativeInt = 0, seed: int = 0,
+                 **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
         if negatives < 0:
             raise ValueError(f"negatives must be >= 0, got {negatives}")
         self.negatives, self.seed = negatives, seed

@@ -24,6 +24,8 @@ box, the image stays positive); exact duplicate rows are dropped and recorded.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pathlib import Path
 
 from xbench_pl.data.annotations import parse_box
@@ -80,10 +82,17 @@ def parse_target(patient_id: str, target: str, coordinates: tuple[str, ...]) -> 
     return target == "1"
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["all", "positives"]
+
+
 class RSNAPneumoniaData(XBenchData):
     name = "rsna_pneumonia"
     default_classes = (PNEUMONIA,)
     dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
+
+    def __init__(self, root: str | None = None, split: Split | None = None, **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
 
     def load_records(self) -> list[Record]:
         self.checked_root(f"{LABEL_TABLE} and {IMAGE_DIR}/")

@@ -25,6 +25,8 @@ DICOM in the tree is a missing image.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -112,10 +114,17 @@ def parse_siim_rle(table_path: str | Path, image_path: Callable[[str], Path], re
     return list(records.values())
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["all", "positives"]
+
+
 class SIIMPneumothoraxData(XBenchData):
     name = "siim_pneumothorax"
     default_classes = (PNEUMOTHORAX,)
     dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
+
+    def __init__(self, root: str | None = None, split: Split | None = None, **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
 
     def load_records(self) -> list[Record]:
         self.checked_root(f"{RLE_TABLE} and the DICOM images")

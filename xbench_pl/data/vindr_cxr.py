@@ -61,7 +61,6 @@ from xbench_pl.registry import lightning_datamodules
 BOX_TABLE = "annotations/annotations_{split}.csv"
 LABEL_TABLE = "annotations/image_labels_test.csv"
 IMAGE_DIR = "{split}"
-Split = Literal["test", "train"]
 #: how readers' boxes are used: ``united`` (one region per image and class) or ``split`` (leave-one-reader-out items)
 Readers = Literal["united", "split"]
 #: joins an image id and a reader in a ``readers="split"`` item id
@@ -218,11 +217,15 @@ def vindr_records(box_path: str | Path, label_path: str | Path | None, image_pat
     return list(records.values())
 
 
+#: the evaluation sets (``xbench_pl/data/sources.yaml``), as a type so that a wrong name is refused while parsing
+Split = Literal["test", "train"]
+
+
 class VinDrCXRData(XBenchData):
     """VinDr-CXR boxes.
 
     Args:
-        split: ``"test"`` (default: the 5-radiologist consensus) or ``"train"`` (3 readers per image).
+        split: (``XBenchData``) ``"test"`` (default: the 5-radiologist consensus) or ``"train"`` (3 readers per image).
         readers: ``"united"`` (default: all readers' boxes of a class united) or ``"split"`` (``train`` only:
             one leave-one-reader-out item per (image, reader); module docstring).
         **kwargs: ``XBenchData`` arguments.
@@ -233,15 +236,13 @@ class VinDrCXRData(XBenchData):
     dicom_groups = True  # sex, age, view from each DICOM header (setup's image check)
     available_classes = LOCAL_LABELS
 
-    def __init__(self, root: str | None = None, split: Split = "test", readers: Readers = "united", **kwargs):
-        super().__init__(root=root, **kwargs)
-        if split not in get_args(Split):
-            raise ValueError(f"split must be one of {get_args(Split)}, got {split!r}")
+    def __init__(self, root: str | None = None, split: Split | None = None, readers: Readers = "united", **kwargs):
+        super().__init__(root=root, split=split, **kwargs)
         if readers not in get_args(Readers):
             raise ValueError(f"readers must be one of {get_args(Readers)}, got {readers!r}")
-        if readers == "split" and split != "train":
+        if readers == "split" and self.split != "train":
             raise ValueError("readers='split' needs split='train': only the train table keeps each radiologist's boxes (rad_id)")
-        self.split, self.readers = split, readers
+        self.readers = readers
         self.lone_marks = 0  # readers="split": (image, class, reader) marks no other reader shares
 
     def load_records(self) -> list[Record]:
