@@ -189,6 +189,32 @@ def test_rsna_pull_through_kaggle_then_test_reads_it_by_name(hosts, tmp_path):
     assert "rsna_pneumonia: split all, 2 images, ids SHA-256" in flat(run)
 
 
+def test_nih_pull_takes_single_files_of_the_kaggle_dataset(hosts, real_cxr, tmp_path):
+    """The real NIH sample served as Kaggle's nih-chest-xrays/data lays it out (images_NNN/images/): the tables, then
+    each boxed image from its archive folder (Data_Entry's order); the reader reads the folder by name."""
+    import pandas as pd
+
+    boxes = (real_cxr / "nih_bbox" / "BBox_List_2017.csv").read_bytes()
+    ids = sorted(set(pd.read_csv(BytesIO(boxes))["Image Index"]))
+    entries = sorted({*ids, *(f"{i:08d}_000.png" for i in range(1, 5001))})  # the first ids of the real table's order
+    dataset = hosts.kaggle.setdefault("datasets/nih-chest-xrays/data", {})
+    dataset["BBox_List_2017.csv"] = boxes
+    dataset["Data_Entry_2017.csv"] = ("Image Index,Finding Labels\n" + "".join(f"{i},No Finding\n" for i in entries)).encode()
+    for image_id in ids:
+        folder = "images_001" if entries.index(image_id) < 4999 else "images_002"
+        dataset[f"{folder}/images/{image_id}"] = (real_cxr / "nih_bbox" / "images" / image_id).read_bytes()
+    assert {k.split("/")[0] for k in dataset if k.endswith(".png")} == {"images_001", "images_002"}
+    folder = tmp_path / "data"
+    result = data("pull", "nih_bbox", folder=folder, **KAGGLE)
+    assert result.returncode == 0, result.stderr
+    root = folder / "nih_bbox"
+    assert sorted(p.name for p in (root / "images").iterdir()) == ids
+    described = in_process("describe", "--data", "nih_bbox", XBENCH_DATA_DIR=str(folder))
+    assert described.returncode == 0, described.stderr
+    assert f"nih_bbox: {len(ids)} images" in described.stdout
+    assert f"(differs from the pinned nih_bbox.boxed.txt: {len(ids)} of its 880 here;" in " ".join(described.stdout.split())
+
+
 def test_vindr_pull_through_physionet_credentials(hosts, tmp_path, monkeypatch):
     """PhysioNet's basic auth: no credentials, wrong ones, an unsigned data use agreement each one line; then a
     dropped connection resumes (Range) and the folder verifies."""
