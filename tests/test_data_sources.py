@@ -251,6 +251,25 @@ def test_vindr_pull_through_physionet_credentials(hosts, tmp_path, monkeypatch):
     assert any(line.startswith(f"{root / dicom}: missing (pulled with SHA-256") for line in lines)
 
 
+def test_ms_cxr_pulls_the_mimic_images_its_csv_names(hosts, tmp_path):
+    """Two credentialed PhysioNet projects: MS-CXR's csv, then each MIMIC-CXR-JPG image its ``path`` column names."""
+    from xbench_pl.data.ms_cxr import DEMO_CSV, write_ms_cxr_demo
+
+    native = write_ms_cxr_demo(tmp_path / "native")
+    table = (native / DEMO_CSV).read_bytes()
+    hosts.physionet["ms-cxr/1.1.0/MS_CXR_Local_Alignment_v1.1.0.csv"] = table
+    images = {p.relative_to(native).as_posix(): p.read_bytes() for p in native.rglob("*.jpg")}
+    hosts.physionet.update({f"mimic-cxr-jpg/2.1.0/{name}": content for name, content in images.items()})
+    hosts.physionet["mimic-cxr-jpg/2.1.0/files/p99/p99999999/s1/unrelated.jpg"] = b"not pulled"
+    folder = tmp_path / "data"
+    result = data("pull", "ms_cxr", folder=folder, **PHYSIONET)
+    assert result.returncode == 0, result.stderr
+    root = folder / "ms_cxr"
+    assert {p.relative_to(root).as_posix() for p in root.rglob("*.jpg")} == set(images)
+    said, problems = sources.verify("ms_cxr", root)
+    assert problems == [f"ms_cxr: 13 pairs under {root}, split all has 1,162"]
+
+
 def test_covid_pull_lists_the_github_folder(hosts, tmp_path):
     """GitHub's trees API lists the masks; only the masked images' files are pulled (the others are not evaluated)."""
     stem = STEMS[0]
