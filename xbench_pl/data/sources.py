@@ -200,7 +200,11 @@ def read_lock(root: Path) -> dict:
 
 
 def write_lock(root: Path, lock: dict) -> None:
-    atomic_write(root / LOCK_FILE, json.dumps(lock, indent=1, sort_keys=True) + "\n")
+    try:
+        atomic_write(root / LOCK_FILE, json.dumps(lock, indent=1, sort_keys=True) + "\n")
+    except OSError as error:
+        raise DataSourceError(f"cannot write {root / LOCK_FILE}: {error.strerror or error}; make room and pull again "
+                              "(the file it was to lock is not placed)") from error
 
 
 # -- pulling -------------------------------------------------------------------------------------------------------
@@ -336,16 +340,18 @@ def fetch(job: Pull, piece: Piece, remote: str, local: str, bar: bool = True) ->
                               f"lock's {recorded['sha256']}: the file changed on the host since it was first pulled "
                               f"(nothing was placed; remove its entry from {job.root / LOCK_FILE} to accept it)")
     entry = {"sha256": digest, "size": downloaded.stat().st_size, "from": piece.describe()}
-    if piece.whole or (piece.extract and local.endswith(".zip")):
+    archive = piece.whole or (piece.extract and local.endswith(".zip"))
+    if archive:
         unpack(downloaded, job.root, job.source.name)
-        downloaded.unlink()
         entry["extracted"] = True
+    job.lock["files"][local] = entry
+    write_lock(job.root, job.lock)  # locked before it is placed: a file in place is never taken for one placed by hand
+    if archive:
+        downloaded.unlink()
     else:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(downloaded, final)
-    job.lock["files"][local] = entry
     job.placed += 1
-    write_lock(job.root, job.lock)
 
 
 def unpack(archive: Path, root: Path, dataset: str) -> None:
@@ -397,8 +403,9 @@ def http_download(job: Pull, url: str, partial: Path, bar: bool, auth=None) -> P
         try:
             with requests.get(url, headers={"Range": f"bytes={have}-"} if have else {}, auth=auth, stream=True,
                               timeout=60) as response:
-                if response.status_code == 416:  # the partial file is already whole
-                    return partial
+                if response.status_code == 416:  # more bytes here than the host has: not its file, start over
+                    partial.unlink()
+                    continue
                 if response.status_code >= 400:
                     raise DataSourceError(http_problem(job, response.status_code, url))
                 resumed = response.status_code == 206
