@@ -37,6 +37,7 @@ from urllib.parse import quote, urlparse
 import yaml
 
 from xbench_pl.outputs import atomic_write
+from xbench_pl.weights import sha256, unreachable
 
 HERE = Path(__file__).resolve().parent
 SOURCES_FILE = HERE / "sources.yaml"
@@ -178,14 +179,6 @@ def default_root(dataset: str) -> Path | None:
     """Where ``data pull`` puts ``dataset`` (``DATA_DIR/NAME``), when it is there and the dataset is pulled by name."""
     folder = data_dir() / dataset
     return folder if dataset in read_sources() and folder.is_dir() else None
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- lock ----------------------------------------------------------------------------------------------------------
@@ -419,8 +412,6 @@ def http_download(job: Pull, url: str, partial: Path, bar: bool, auth=None) -> P
                     raise requests.ConnectionError(f"connection closed at {partial.stat().st_size} of {total} bytes")
                 return partial
         except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
-            from xbench_pl.weights import unreachable
-
             reason = unreachable(error)
             if attempt == RETRIES or (reason is not None and "closed" not in str(error)):
                 what = f"cannot reach {urlparse(url).netloc} ({reason})" if reason else f"the download failed ({error})"
@@ -475,8 +466,6 @@ def github_listing(piece: Piece, folder: str) -> list[str]:
     try:
         response = requests.get(url, params={"recursive": "1"}, timeout=60)
     except requests.RequestException as error:
-        from xbench_pl.weights import unreachable
-
         raise DataSourceError(f"{piece.where}: cannot list {prefix} ({unreachable(error) or error}); check the "
                               "network and pull again") from error
     if response.status_code != 200:
@@ -515,8 +504,6 @@ def kaggle_download(job: Pull, piece: Piece, remote: str, partial: Path, bar: bo
         raise DataSourceError(f"{name}: Kaggle: {piece.where}: {remote} could not be downloaded (HTTP {status}"
                               f"{', gone' if status == 404 else ''}); see docs/datasets.md") from error
     except (requests.ConnectionError, requests.Timeout) as error:
-        from xbench_pl.weights import unreachable
-
         raise DataSourceError(f"{name}: cannot reach Kaggle ({unreachable(error) or error}); check the network and "
                               "pull again (it resumes)") from error
     got = folder / (remote or f"{piece.where.rsplit('/', 1)[-1]}.zip")
