@@ -20,6 +20,7 @@ from test_cli import cli, in_process
 
 from xbench_pl.commands import COMMANDS, DEBUG_ENV, SUMMARIES, TRAINER_COMMANDS, main
 from xbench_pl.data.errors import DataError
+from xbench_pl.data.sources import data_dir
 
 
 @pytest.fixture
@@ -52,13 +53,16 @@ def test_user_errors_in_a_real_command_are_one_line_with_exit_2(tmp_path, monkey
     # --debug lets the error through instead, which Python prints as a traceback (exit status 1)
     monkeypatch.setenv(DEBUG_ENV, "")  # main sets it to 1 for DDP ranks; the fixture's undo removes it
     with pytest.raises(DataError, match=r"^--data.root: nih_bbox root not set: give the folder holding "
-                                        r"BBox_List_2017.csv and the images\*/ folders of PNGs$"):
+                                        r"BBox_List_2017.csv and the images\*/ folders of PNGs \(or `python -m xbench_pl data "
+                                        r"pull nih_bbox` fills .*nih_bbox\)$"):
         main(["test", "--model", "center", "--data", "nih_bbox", "--debug"])
     assert os.environ[DEBUG_ENV] == "1"
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["--model", "center", "--data", "nih_bbox"], "error: --data.root: nih_bbox root not set: give the folder holding BBox_List_2017.csv and the images*/ folders of PNGs"),
+    (["--model", "center", "--data", "nih_bbox"], "error: --data.root: nih_bbox root not set: give the folder holding "
+     f"BBox_List_2017.csv and the images*/ folders of PNGs (or `python -m xbench_pl data pull nih_bbox` fills "
+     f"{data_dir() / 'nih_bbox'})"),
     (["--model", "center", "--data", "demo", "--data.eval_size", "0"], "error: --data.eval_size: must be > 0, got 0"),
     (["--model", "center", "--data", "demo", "--data.on_error", "bogus"], "error: --data.on_error: expected one of 'raise', 'skip', got 'bogus'"),
     (["--model", "center", "--model.nope", "1", "--data", "demo"],

@@ -205,7 +205,7 @@ def test_without_against_no_paper_section_and_a_bad_value_is_refused(hand_built,
 PAPER_SWEEP = REPO / "sweeps" / "xbench_paper.yaml"
 
 
-def test_the_papers_sweep_expands_to_its_49_runs_by_name(tmp_path, capsys):
+def test_the_papers_sweep_expands_to_its_49_runs_by_name(tmp_path, capsys, monkeypatch):
     spec = sweep.read_sweep(PAPER_SWEEP)
     runs = sweep.plan(spec, tmp_path)
     models, datasets = list(paper_values()["models"].values()), list(paper_values()["datasets"].values())
@@ -220,8 +220,17 @@ def test_the_papers_sweep_expands_to_its_49_runs_by_name(tmp_path, capsys):
         # no weight paths (models by name): the only paths are the datasets' folder and the run's
         assert [t for t in command[1:] if "/" in t] == ["/path/to/xbench_datasets", str(run.folder)]
         assert not any("checkpoint" in t for t in command)
-    assert sweep.main([str(PAPER_SWEEP), "--dry-run", "--out", str(tmp_path)]) == 0
-    assert len(capsys.readouterr().out.strip().splitlines()) == 49 and not (tmp_path / "runs").exists()
+    # unedited, with nothing pulled: the dry run names what stops the runs, each problem once with its runs
+    monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path / "cache"))
+    assert sweep.main([str(PAPER_SWEEP), "--dry-run", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.strip().splitlines()) == 49 and not (tmp_path / "runs").exists()
+    problems = captured.err.splitlines()
+    assert problems[0] == ("error: --data.root /path/to/xbench_datasets: a placeholder, no such folder; edit it in the "
+                           "sweep file (all 49 runs)")
+    assert [p.split(":")[1].strip() for p in problems[1:]] == [f"--model {m}" for m in models]  # each model's 7 runs
+    assert all(re.search(r"\(7 runs: (\w{10}, ){6}\w{10}\)$", p) for p in problems[1:])
+    assert "weights pull clip" in problems[1] and problems[-1].startswith("error: --model devide: no public release")
 
 
 def test_a_papers_sweep_command_parses_to_its_settings(capsys):
@@ -294,6 +303,20 @@ def test_demo_sweep_cells_are_the_runs_values_in_percent(demo_sweep):
     md = (demo_sweep / "report" / "report.md").read_text()
     assert "### Table 1 · ChestX-ray14 (NIH boxes) (`nih_bbox`)" in md and "### Table 3 · ChestX-ray14 (NIH boxes)" in md
     assert "### Table 1 · Pneumothorax (SIIM) (`siim_pneumothorax`)" in md and "### Fig. 4 · ΔDice" in md
+
+
+def test_demo_sweep_is_one_row_of_table1_a_column_group_per_dataset(demo_sweep):
+    """The sweep's two runs differ only in their dataset: one model, so one row of Table 1 (not a diagonal of rows
+    labelled ``clip.yaml (data.datasets=['nih_bbox'])``), its datasets side by side, as the paper prints it."""
+    md = (demo_sweep / "report" / "report.md").read_text()
+    table1 = md.split("## Grounding per dataset and model", 1)[1].split("\n## ", 1)[0]
+    lines = [[c.strip() for c in line.strip("|").split("|")] for line in table1.splitlines()
+             if line.startswith("|") and not line.startswith("|---")]
+    model = str(demo_sweep / "clip.yaml")
+    assert lines[0] == ["model", *(f"{d} {k}" for d in ("nih_bbox", "siim_pneumothorax") for k in ("PG", "Dice", "IoU"))]
+    assert len(lines) == 2 and lines[1][0] == model and "–" not in lines[1]
+    cells = _cells(demo_sweep, "report")
+    assert {c["run"] for c in cells if c["source"] == "Table 1"} == {model}
 
 
 def test_demo_sweep_resumes_where_it_stopped(demo_sweep):

@@ -3,10 +3,12 @@
 
 import json
 import re
+from pathlib import Path
 
 from test_report_explainers import _tables, explained_run
 from test_report_fairness import _edit, add_groups
 from test_report_html import write_run
+from test_report_trust import add_trust
 
 from xbench_pl.commands import main as cli_main
 from xbench_pl.commands.report.runs import datasets, find_runs, image_sets
@@ -132,3 +134,59 @@ def test_a_truncated_metrics_json_is_one_line_naming_the_file_and_line(tmp_path,
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
     assert f"{tmp_path / 'a' / 'metrics.json'}: not a complete metrics.json" in " ".join(err.split()) and "line 1" in err
+
+
+def paper_sweep_run(sweep: Path, model: str, dataset: str, seed: int, explainer: str = "native") -> Path:
+    """A run of ``sweeps/xbench_paper.yaml``'s layout: one model on one dataset (``--data pooled --data.datasets
+    [NAME]``, its ``params.json``), here one of the fabricated runs' two datasets."""
+    folder = sweep / "runs" / f"{model}-{dataset}-{explainer}"
+    data = {"class_path": "xbench_pl.data.pooled.PooledDataModule", "init_args": {"datasets": [dataset], "root": "/data"}}
+    explained_run(folder, model, explainer, seed, {"model": {"class_path": "x.Model", "init_args": {"explainer": explainer}},
+                                                   "data": data})
+    _edit(folder, lambda m: [m["datasets"].pop(d) for d in list(m["datasets"]) if d != dataset])
+    (folder / "params.json").write_text(json.dumps({"model": model, "data.datasets": f"[{dataset}]",
+                                                    "model.explainer": explainer}))
+    return folder
+
+
+def test_a_models_runs_on_other_datasets_are_one_row(tmp_path):
+    """The paper's sweep: each run one model on one dataset. Runs that differ only in their dataset are one model: one
+    row of Table 1 per model, a column group per dataset (not a diagonal of one row per run, each labelled
+    ``clip (data.datasets=['demo'])``); so too in the trust section and the model x explainer rows."""
+    metrics = {(model, dataset, explainer): json.loads((paper_sweep_run(tmp_path / "sweep", model, dataset, 60 + i, explainer)
+                                                        / "metrics.json").read_text())
+               for i, (model, dataset, explainer) in enumerate((m, d, e) for m in ("clip", "kad") for d in ("demo", "demo_dicom")
+                                                               for e in ("native", "gradcam"))}
+    for folder in (tmp_path / "sweep" / "runs").iterdir():
+        add_trust(folder, 7, passes=True)
+    assert cli_main(["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [run["name"] for run in report["runs"]] == ["clip [gradcam]", "clip"] * 2 + ["kad [gradcam]", "kad"] * 2  # params' order
+    md = (tmp_path / "out" / "report.md").read_text()
+    table1 = md.split("## Grounding per dataset and model", 1)[1].split("\n## ", 1)[0]
+    tables = _table_blocks(table1)
+    assert [h for table in tables for h in table[0][1:]] == [f"{d} {k}" for d in ("demo", "demo_dicom") for k in ("PG", "Dice", "IoU")]
+    rows = {}
+    for table in tables:
+        for row in table[1:]:
+            rows.setdefault(row[0], []).extend(row[1:])
+    assert list(rows) == ["clip [gradcam]", "clip", "kad [gradcam]", "kad"]
+    for (model, dataset, explainer), run in metrics.items():
+        name = model if explainer == "native" else f"{model} [{explainer}]"
+        at = 3 * ("demo", "demo_dicom").index(dataset)
+        assert rows[name][at] == f"{run['datasets'][dataset]['mean']['pointing_game']:.3f}"
+    assert [row["label"] for row in report["model_x_explainer"]["rows"]] == ["clip", "kad"]
+    assert report["model_x_explainer"]["runs"] == {m: {"native": 1, "gradcam": 1} for m in ("clip", "kad")}  # not repeats
+    for dataset in ("demo", "demo_dicom"):
+        trust = report["trust"][dataset]
+        assert [(r["run"], r["model"]) for r in trust] == [("clip [gradcam]", "clip"), ("clip", "clip"),
+                                                           ("kad [gradcam]", "kad"), ("kad", "kad")]
+
+
+def test_runs_of_one_dataset_that_differ_in_data_keep_it_in_their_label(tmp_path):
+    """Runs over the same dataset that differ in a data setting (an eval grid size) are two settings, not one model."""
+    for size in (256, 512):
+        explained_run(tmp_path / "sweep" / "runs" / f"s{size}", "clip", "native", size,
+                      {"model": {"class_path": "x.Model", "init_args": {}}, "data": {"init_args": {"eval_size": size}}})
+    runs = find_runs([str(tmp_path / "sweep")])
+    assert [(r.name, r.unique_name) for r in runs] == [(f"clip (data.eval_size={s})",) * 2 for s in (256, 512)]

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from test_cli import cli, run_sweep_in_process
 from test_open_clip_models import TINY_CLIP, write_config
 from xbench_pl.commands import sweep
 from xbench_pl.models.open_clip_model import OpenCLIPModel, build_open_clip, read_architecture
+from xbench_pl.registry import available
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -91,11 +93,108 @@ def test_a_count_below_one_is_refused_not_sliced(tmp_path, capsys, count):
 
 
 def test_dry_run_prints_one_full_command_per_run(tmp_path, capsys):
-    assert sweep.main([str(REPO / "sweeps" / "clip_prompts.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    """The commands on stdout; the unedited checkpoint path that would stop all 9 runs, once, on stderr (exit 2)."""
+    assert sweep.main([str(REPO / "sweeps" / "clip_prompts.yaml"), "--dry-run", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
     assert len(lines) == 9 and all(line.startswith(sys.executable) and "--model.checkpoint /path/to/ViT-B-16.pt" in line
                                    for line in lines)
+    assert captured.err == ("error: --model.checkpoint /path/to/ViT-B-16.pt: a placeholder, no such checkpoint; edit it in "
+                            "the sweep file (all 9 runs)\n")
     assert not (tmp_path / "runs").exists()
+
+
+def write_sweep(path: Path, parameters: dict, data: tuple[str, ...] = ("--data", "pooled")) -> Path:
+    path.write_text(yaml.safe_dump({"method": "grid", "metric": {"name": "pointing_game"}, "parameters": parameters,
+                                    "command": ["${env}", "python", "-m", "xbench_pl", "test", *data, "${args}"]}, sort_keys=False))
+    return path
+
+
+def test_dry_run_checks_data_folders_models_and_weights_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    """Without running anything: a dataset's folder missing from --data.root, a model not registered, a model whose
+    release the weights cache lacks (``weights pull``), a model file's checkpoint that is not there; each problem one
+    line naming the runs it stops, exit 2. A model whose files the cache holds, one that needs none (center), a
+    checkpoint that exists and the demo data pass: exit 0, no line."""
+    cache = tmp_path / "cache"
+    (cache / "openai_clip_b16").mkdir(parents=True)
+    (cache / "openai_clip_b16" / "open_clip_pytorch_model.bin").write_bytes(b"")
+    monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(cache))
+    root = tmp_path / "datasets"
+    (root / "nih_bbox").mkdir(parents=True)
+    model_file = tmp_path / "clip.yaml"
+    model_file.write_text(yaml.safe_dump({"class_path": "xbench_pl.models.open_clip_model.OpenCLIPModel",
+                                          "init_args": {"checkpoint": str(tmp_path / "absent.pt")}}))
+    models = ["clip", "chexzero", "nomodel", str(model_file)]
+    file = write_sweep(tmp_path / "bad.yaml", {"model": {"values": models}, "data.root": {"value": str(root)},
+                                               "data.datasets": {"values": ["[nih_bbox]", "[vindr_cxr]"]}})
+    runs = sweep.plan(sweep.read_sweep(file), tmp_path / "out")
+    ids = {model: [r.run_id for r in runs if r.params["model"] == model] for model in models}
+    assert sweep.main([str(file), "--dry-run", "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.strip().splitlines()) == 8
+    vindr = ", ".join(r.run_id for r in runs if r.params["data.datasets"] == "[vindr_cxr]")
+    assert captured.err.splitlines() == [
+        f"error: --data.root {root}: no folder vindr_cxr/ in it (the vindr_cxr dataset as it unpacks from its source) "
+        f"(4 runs: {vindr})",
+        f"error: --model chexzero: its released files are not in the weights cache {cache} (1 missing, e.g. "
+        "chexzero/best_64_5e-05_original_22000_0.864.pt): run `python -m xbench_pl weights pull chexzero` (same "
+        f"$XBENCH_WEIGHTS_DIR), or give --model.checkpoint PATH (2 runs: {', '.join(ids['chexzero'])})",
+        f"error: --model nomodel: unknown model 'nomodel'; available: {available('models')} (2 runs: "
+        f"{', '.join(ids['nomodel'])})",
+        f"error: --model {model_file}: checkpoint {tmp_path / 'absent.pt'}: no such checkpoint (2 runs: "
+        f"{', '.join(ids[str(model_file)])})"]
+    (tmp_path / "absent.pt").write_bytes(b"")
+    good = write_sweep(tmp_path / "good.yaml", {"model": {"values": ["clip", "center", str(model_file)]}}, ("--data", "demo"))
+    assert sweep.main([str(good), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == "" and not (tmp_path / "out").exists()
+
+
+def test_dry_run_names_each_placeholder_of_a_shipped_sweep_and_its_model_files(tmp_path, capsys, monkeypatch):
+    """The phrase sweep as shipped: its two data roots and every path its model files leave to edit (a checkpoint, a
+    text encoder's folder), each once, in the file where it is to be edited."""
+    monkeypatch.chdir(REPO)  # the model files' paths are the repository's
+    assert sweep.main(["sweeps/phrases_x_models.yaml", "--dry-run", "--out", str(tmp_path)]) == 2
+    problems = capsys.readouterr().err.splitlines()
+    assert problems[:2] == [f"error: --data.{key} /path/to/{folder}: a placeholder, no such folder; edit it in the sweep file "
+                            "(all 16 runs)" for key, folder in (("root", "ms-cxr"), ("image_root", "mimic-cxr-jpg"))]
+    biovil = [p for p in problems if p.startswith("error: --model sweeps/models/biovil.yaml: ")]
+    assert [p.split(": ")[2].split()[0] for p in biovil] == ["checkpoint", "text"]
+    assert biovil[1].startswith("error: --model sweeps/models/biovil.yaml: text /path/to/BiomedVLP-CXR-BERT-specialized: a "
+                                "placeholder, no such file; edit it in sweeps/models/biovil.yaml (2 runs: ")
+    assert len(problems) == 2 + 12  # 8 model files, 4 of them with a text encoder's path too
+
+
+def failing_runs(reasons: dict[float, str]):
+    """A stand-in for ``subprocess`` in ``sweep``: each run of ``model.sigma`` S logs ``reasons[S]`` (its last line
+    wrapped, as a terminal-wide ``error:`` line is in no log but may be in a pasted one) and exits 2."""
+    def run(command, stdout, stderr, env):
+        sigma = float(next(a for a in command if a.startswith("--model.sigma=")).partition("=")[2])
+        stdout.write("warning: chatter\n" + reasons[sigma] + "\n")
+        return subprocess.CompletedProcess(command, 2)
+
+    return mock.Mock(run=run, STDOUT=subprocess.STDOUT)
+
+
+def test_each_failed_runs_error_line_is_shown_once_with_its_runs(tmp_path, capsys, monkeypatch):
+    """A failed run's reason is its log's ``error:`` line: printed as the run fails (a later run failing alike names
+    the first), then once at the end with the count of runs it ended, or, where reasons differ, each with its runs."""
+    placeholder = "error: --data.root /path/to/xbench_datasets: no such folder (give the dataset's folder as it unpacks)"
+    file = write_sweep(tmp_path / "s.yaml", {"model.sigma": {"values": [0.1, 0.2, 0.3]}}, ("--data", "demo"))
+    runs = sweep.plan(sweep.read_sweep(file), tmp_path / "out")
+    monkeypatch.setattr(sweep, "subprocess", failing_runs(dict.fromkeys((0.1, 0.2, 0.3), placeholder)))
+    assert sweep.main([str(file), "--out", str(tmp_path / "out")]) == 1
+    out = " ".join(capsys.readouterr().out.split())  # wrapped to the console
+    assert out.count(placeholder) == 2 and out.count(f"failed (exit 2): as run {runs[0].run_id} (log: ") == 2
+    assert out.endswith(f"3 of 3 runs failed, all with: {placeholder}")
+
+    other = "error: --model.sigma: must be > 0, got 0.3 (see the\n  model's help)"
+    monkeypatch.setattr(sweep, "subprocess", failing_runs({0.1: placeholder, 0.2: placeholder, 0.3: other}))
+    assert sweep.main([str(file), "--out", str(tmp_path / "again")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("3 of 3 runs failed:")
+    assert " ".join(" ".join(lines[at + 1:]).split()) == (f"2 runs: {runs[0].run_id}, {runs[1].run_id}: {placeholder} "
+                                                           f"run {runs[2].run_id}: error: --model.sigma: must be > 0, got 0.3 "
+                                                           "(see the model's help)")
 
 
 def sigma_sweep(folder: Path) -> tuple[dict, subprocess.CompletedProcess]:
@@ -119,6 +218,9 @@ def test_local_sweep_on_the_demo_runs_records_failures_and_resumes(background, c
     folder, (spec, swept) = background
     file, out = folder / "sigma.yaml", folder / "out"
     assert swept.returncode == 1, swept.stderr[-3000:]  # one run failed, the others went on
+    reason = "error: --model.sigma: must be > 0, got -1.0"
+    printed = " ".join(swept.stdout.split())
+    assert f"failed (exit 2): {reason} (log: " in printed and f"1 of 2 runs failed (run {sweep.run_id({'model.sigma': -1.0})}): {reason}" in printed
     monkeypatch.chdir(REPO)  # where a user's sweep runs
     with (out / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))

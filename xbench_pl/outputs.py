@@ -57,24 +57,26 @@ def check_writable(folders: Mapping[str, str | Path]) -> None:
             raise OutputError(f"{option} {folder}: {problem}; choose another folder")
 
 
-#: the file that makes a folder an earlier ``test`` run's: ``test --out`` refuses it without ``--overwrite``
-RUN_RECORD = "metrics.json"
+#: the file that makes a folder an earlier run of a command, written when the run ends: ``test --out`` and ``fit
+#: --out`` refuse such a folder without ``--overwrite``
+RUN_RECORDS = {"test": "metrics.json", "fit": "fit.json"}
 
 
-def earlier_run(out: str | Path) -> bool:
-    """Whether ``out`` holds an earlier run (its ``RUN_RECORD``). A folder without one (a sweep's run folder after a
-    failed run: params.json, log.txt) does not: a run into it replaces nothing."""
-    return (Path(out) / RUN_RECORD).is_file()
+def earlier_run(out: str | Path, command: str = "test") -> bool:
+    """Whether ``out`` holds an earlier ``command`` run (its ``RUN_RECORDS`` file). A folder without one (a sweep's run
+    folder after a failed run: params.json, log.txt; an interrupted fit's checkpoints, which ``--ckpt_path`` resumes)
+    does not: a run into it replaces nothing finished."""
+    return (Path(out) / RUN_RECORDS[command]).is_file()
 
 
-def check_not_earlier_run(out: str | Path, overwrite: bool) -> bool:
-    """``OutputError`` (one line: the folder and the fix) where ``out`` holds an earlier run and ``overwrite`` is
-    off; else whether this run replaces one."""
-    if not earlier_run(out):
+def check_not_earlier_run(out: str | Path, overwrite: bool, command: str = "test") -> bool:
+    """``OutputError`` (one line: the folder and the fix) where ``out`` holds an earlier ``command`` run and
+    ``overwrite`` is off; else whether this run replaces one."""
+    if not earlier_run(out, command):
         return False
     if not overwrite:
-        raise OutputError(f"--out {out}: holds an earlier run (its {RUN_RECORD}); choose another --out, or add "
-                          "--overwrite to replace its files")
+        raise OutputError(f"--out {out}: holds an earlier run (its {RUN_RECORDS[command]}); choose another --out, or "
+                          "add --overwrite to replace its files")
     return True
 
 

@@ -56,8 +56,10 @@ def quiet_lightning(short_warnings: bool = True) -> None:
 
 
 def print_error(message: str) -> None:
-    """One ``error:`` line. A DDP rank > 0 stays silent when rank 0 (its parent, Lightning's launcher)
-    ends too, as it does for an error every rank hits; an error of its own is printed."""
+    """One ``error:`` line, wrapped to a terminal's width (``console.wrap``); whole where stderr is a log or a pipe,
+    where a program reads it (``sweep`` shows a failed run's line from its log). A DDP rank > 0 stays silent when
+    rank 0 (its parent, Lightning's launcher) ends too, as it does for an error every rank hits; an error of its own
+    is printed."""
     if not is_rank_zero():
         parent, deadline = os.getppid(), time.monotonic() + 3
         while time.monotonic() < deadline and os.getppid() == parent:
@@ -65,7 +67,8 @@ def print_error(message: str) -> None:
         if os.getppid() != parent:
             return
         message = f"(rank {os.environ.get('RANK') or os.environ.get('LOCAL_RANK')}) {message}"
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    line = f"error: {message}"
+    print(wrap(line) if sys.stderr.isatty() else line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"error: unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)", file=sys.stderr)
+        print_error(f"unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)")
         return 2
     if command in TRAINER_COMMANDS:  # before Lightning loads: help, the errors that need no model come at once; pulled files
         from xbench_pl.commands.early import Released, released_weights, trainer_problem, wants_quick_help

@@ -33,8 +33,8 @@ RUN_OPTIONS = {
                                          "(re-score with: score --predictions DIR)"),
     "resume": (bool, False, "continue the --predictions store of an interrupted run: skip the images it holds "
                             "(--resume alone: true)"),
-    "overwrite": (bool, False, "test into an --out that holds an earlier run (its metrics.json): replace its files "
-                               "(--overwrite alone: true); without it such an --out is refused"),
+    "overwrite": (bool, False, "into an --out that holds an earlier run (test: its metrics.json, fit: its fit.json): "
+                               "replace its files (--overwrite alone: true); without it such an --out is refused"),
     "predictions_dtype": (str, "float16", "dtype of the stored maps: float16 (half the size) or float32 (bit-identical "
                                           "re-scoring)"),
     "predictions_shard_images": (int, 64, "images of one dataset per shard and rank (a crash loses at most these)"),

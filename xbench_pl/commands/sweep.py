@@ -18,8 +18,15 @@ and ``log.txt`` (its output). A run whose ``metrics.json`` exists is skipped, so
 sweep restarted with the same ``--out`` goes on where it stopped. At the end ``OUT/summary.md``
 and ``OUT/summary.csv`` list every run (parameters, status, the sweep's ``metric``, e.g.
 ``demo/pointing_game`` = that dataset's mean, wall time), sorted by the metric (``goal``), failed
-runs last. ``--dry-run`` prints one line per run, its full command, and runs nothing. Exit status:
-0, or 1 when a run failed; 2 for a bad sweep file.
+runs last; each failed run's reason, its log's ``error:`` line, is printed as it fails and again at the end
+(once, with the runs it ended, where runs failed alike).
+
+``--dry-run`` prints one line per run, its full command, runs nothing, and checks what would stop the runs
+(``run_problems``): each data root (``--data.root``, ``--data.image_root``; pooled, each dataset's folder in it) a
+folder, each ``--model`` a registered name or an existing file with no path left as a placeholder, and its weights in
+the weights cache (``weights pull``) or a checkpoint that exists; one ``error:`` line per problem, naming the runs it
+stops. Exit status: 0, or 1 when a run failed; 2 for a
+bad sweep file or a problem found by ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -42,11 +49,18 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands import print_error
+from xbench_pl.commands.arguments import TRAINER_COMMANDS, is_name
 from xbench_pl.commands.parsing import PARSER_KWARGS
+from xbench_pl.console import wrap
 from xbench_pl.outputs import atomic_write, check_writable, write_results
 
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 METHODS = ("grid", "random")
+#: how the shipped sweep files spell a path for the user to fill in (``--data.root /path/to/xbench_datasets``)
+PLACEHOLDER = "/path/to/"
+#: run ids named in one line of runs a problem stops or an error ended, before "and N more"
+LISTED_RUNS = 8
 
 
 class SweepError(ValueError):
@@ -62,6 +76,7 @@ class Run:
     status: str = "pending"
     metric: float | None = None
     wall_s: float | None = None
+    error: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -217,6 +232,179 @@ def plan(sweep: dict, out: Path, count: int | None = None, seed: int = 0) -> lis
     return runs
 
 
+# -- what would stop a run (--dry-run) ---------------------------------------------------------------------------
+def last_option(argv: list[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (the one the parser keeps); None without."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.partition("=")[2]
+    return value
+
+
+def path_problem(option: str, path: str, what: str, written_in: str = "the sweep file") -> str | None:
+    """``option path``'s problem where ``path`` is a placeholder (to edit where it is ``written_in``) or does not exist
+    (``what``: the thing it should be); else None."""
+    if path.startswith(PLACEHOLDER):
+        return f"{option} {path}: a placeholder, no such {what}; edit it in {written_in}"
+    return None if Path(path).expanduser().exists() else f"{option} {path}: no such {what}"
+
+
+def data_problems(argv: list[str]) -> list[str]:
+    """A run's ``--data`` that is not registered, each of its data roots (``--data.root``, ``--data.image_root``, ...)
+    that is no folder and, for pooled data, each dataset that reads a root whose folder ``ROOT/NAME`` is missing
+    (``data.pooled``). Roots not given are the datasets' own defaults: nothing to check here."""
+    from xbench_pl.commands.early import reads_root
+    from xbench_pl.registry import UnknownName, class_path, config_path
+
+    name = last_option(argv, "--data")
+    if not name or not is_name(name):
+        return []
+    try:
+        data_class = class_path("data", name)
+    except UnknownName as error:
+        return [f"--data {name}: {error}"]
+    if not reads_root(data_class):  # a demo draws itself into its root
+        return []
+    flags = dict.fromkeys(f for f in (a.partition("=")[0] for a in argv) if f.startswith("--data.") and f.endswith("root"))
+    roots = {flag: value for flag in flags if (value := last_option(argv, flag))}
+    problems = [problem for flag, value in roots.items() if (problem := path_problem(flag, value, "folder"))]
+    root = roots.get("--data.root")
+    if problems or root is None or not data_class.endswith("PooledDataModule"):
+        return problems
+    if given := last_option(argv, "--data.datasets"):
+        try:
+            names = yaml.safe_load(given)
+        except yaml.YAMLError:
+            return [f"--data.datasets {given}: not a YAML list of datasets"]
+    else:  # the pooled config's own list
+        names = yaml.safe_load(config_path("data", name).read_text())["init_args"]["datasets"]
+    for dataset in (d for d in (names if isinstance(names, list) else []) if isinstance(d, str)):  # a mapping: its own root
+        try:
+            needs_root = reads_root(class_path("data", dataset))
+        except UnknownName as error:
+            problems.append(f"--data.datasets: {error}")
+            continue
+        if needs_root and not (Path(root).expanduser() / dataset).is_dir():
+            problems.append(f"--data.root {root}: no folder {dataset}/ in it (the {dataset} dataset as it unpacks from "
+                            "its source)")
+    return problems
+
+
+def model_problems(argv: list[str]) -> list[str]:
+    """A run's ``--model`` that is neither registered nor an existing file, and what it reads: a model file's paths
+    left as placeholders, a checkpoint given (``--model.checkpoint``, or the model file's) that does not exist, or for
+    a registered name without one, files of its release missing from the weights cache (``weights.cached_arguments``)
+    or no release at all. ``random_init`` needs no files."""
+    from xbench_pl.registry import UnknownName, class_path
+    from xbench_pl.weights import CACHE_ENV, HUB, PULL_COMMAND, Needs, cache_dir, cached_arguments, read_sources
+
+    model = last_option(argv, "--model")
+    if not model or model.startswith("{"):
+        return []
+    from_file = {}  # a model file's init args that no --model.ARG of the command overrides
+    if is_name(model):
+        try:
+            class_path("models", model)
+        except UnknownName as error:
+            return [f"--model {model}: {error}"]
+    elif model.endswith((".yaml", ".yml")):
+        if problem := path_problem("--model", model, "model file"):
+            return [problem]
+        init_args = (yaml.safe_load(Path(model).expanduser().read_text()) or {}).get("init_args") or {}
+        from_file = {key: value for key, value in init_args.items() if last_option(argv, f"--model.{key}") is None}
+    random_init = last_option(argv, "--model.random_init")
+    if (yaml.safe_load(random_init) if random_init is not None else from_file.get("random_init")) is True:
+        return []
+    placeholders = [path_problem(f"--model {model}: {key}", path, "file", model) for key, value in from_file.items()
+                    for path in (value if isinstance(value, list) else [value])
+                    if isinstance(path, str) and path.startswith(PLACEHOLDER)]
+    if placeholders:
+        return placeholders
+    checkpoint = last_option(argv, "--model.checkpoint") or from_file.get("checkpoint")
+    if isinstance(checkpoint, str):
+        where = f"--model {model}: checkpoint" if "checkpoint" in from_file else "--model.checkpoint"
+        problem = None if checkpoint.startswith(HUB) else path_problem(where, checkpoint, "checkpoint")
+        return [problem] if problem else []
+    needs = read_sources()[1].get(model) if is_name(model) else None
+    if needs is None:
+        return []
+    if needs.none and not needs.arguments:
+        return [f"--model {model}: {needs.none}"]
+    wanted = {arg: refs for arg, refs in needs.arguments.items() if last_option(argv, f"--model.{arg}") is None}
+    cache = cache_dir()
+    missing = cached_arguments(Needs(model, wanted, needs.listed), cache)[1]
+    if not missing:
+        return []
+    return [f"--model {model}: its released files are not in the weights cache {cache} ({len(missing)} missing, e.g. "
+            f"{missing[0].relative_to(cache)}): run `{PULL_COMMAND} {model}` (same ${CACHE_ENV}), or give "
+            "--model.checkpoint PATH"]
+
+
+def run_problems(run: Run) -> list[str]:
+    """What would stop ``run`` before it computes anything (``data_problems``, ``model_problems``); nothing for a
+    command that is not ``xbench_pl test`` or ``fit``."""
+    command = run.command
+    at = next((i for i, token in enumerate(command[:-1])
+               if token == "xbench_pl" and command[i + 1] in TRAINER_COMMANDS), None)
+    if at is None:
+        return []
+    argv = command[at + 2:]
+    return data_problems(argv) + model_problems(argv)
+
+
+def which_runs(ids: list[str], total: int) -> str:
+    """The runs of ``ids`` in words: all of them, or their ids (``LISTED_RUNS`` at most)."""
+    if len(ids) == total > 1:
+        return f"all {total} runs"
+    listed = ", ".join(ids[:LISTED_RUNS]) + (f" and {len(ids) - LISTED_RUNS} more" if len(ids) > LISTED_RUNS else "")
+    return f"run {listed}" if len(ids) == 1 else f"{len(ids)} runs: {listed}"
+
+
+def problems_of(runs: list[Run]) -> list[str]:
+    """Each problem that would stop runs (``run_problems``) once, with the runs it stops."""
+    stopped: dict[str, list[str]] = {}
+    for run in runs:
+        for problem in run_problems(run):
+            stopped.setdefault(problem, []).append(run.run_id)
+    return [f"{problem} ({which_runs(ids, len(runs))})" for problem, ids in stopped.items()]
+
+
+# -- running ------------------------------------------------------------------------------------------------------
+def error_line(log: Path) -> str | None:
+    """Why a run failed, from its ``log.txt``: its last ``error:`` line (with the lines it was wrapped onto), else
+    the last line after the command (a traceback's exception); None for a log with nothing more."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[2:]  # the command and a blank line first (execute)
+    except OSError:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("error:"):
+            continued = []
+            for line in lines[i + 1:]:
+                if not line.startswith("  "):
+                    break
+                continued.append(line.strip())
+            return " ".join([lines[i], *continued])
+    said = [line.strip() for line in lines if line.strip()]
+    return said[-1] if said else None
+
+
+def failures(runs: list[Run]) -> list[str]:
+    """The failed runs' reasons (``Run.error``), each once with the runs it ended."""
+    failed = [run for run in runs if run.status.startswith("failed")]
+    ended: dict[str, list[str]] = {}
+    for run in failed:
+        ended.setdefault(run.error, []).append(run.run_id)
+    count = f"{len(failed)} of {len(runs)} run{'s' if len(runs) > 1 else ''} failed"
+    if len(ended) == 1:
+        ((reason, ids),) = ended.items()
+        return [f"{count}, all with: {reason}" if len(ids) > 1 else f"{count} (run {ids[0]}): {reason}"]
+    return [f"{count}:", *(f"  {which_runs(ids, len(runs))}: {reason}" for reason, ids in ended.items())]
+
+
 def execute(run: Run, metric: str | None) -> None:
     done = run.folder / "metrics.json"
     if done.is_file():
@@ -233,6 +421,8 @@ def execute(run: Run, metric: str | None) -> None:
             result = subprocess.run(run.command, stdout=log, stderr=subprocess.STDOUT, env=env)
         run.wall_s = round(time.time() - started, 1)
         run.status = "done" if result.returncode == 0 and done.is_file() else f"failed (exit {result.returncode})"
+        if run.status.startswith("failed"):
+            run.error = error_line(run.folder / "log.txt") or "no error line in its log"
     if done.is_file():
         run.metric = metric_value(json.loads(done.read_text()), metric)
 
@@ -271,7 +461,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="python -m xbench_pl sweep", description=__doc__.split("\n\n")[1], **PARSER_KWARGS)
     parser.add_argument("sweep", type=str, help="a W&B sweep YAML (sweeps/*.yaml)")
     parser.add_argument("--out", type=str, default=None, help="folder of the runs and the summary (default: results/sweep_NAME)")
-    parser.add_argument("--dry-run", action="store_true", help="print each run's command; run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each run's command and check its data folders, model and weights; run nothing")
     parser.add_argument("--count", type=int, default=None, help="runs of a random sweep (default: run_cap); caps a grid")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     return parser
@@ -282,30 +473,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's usage error
-        print(f"error: {str(error).splitlines()[0]} (see python -m xbench_pl sweep --help)", file=sys.stderr)
+        print_error(f"{str(error).splitlines()[0]} (see python -m xbench_pl sweep --help)")
         return 2
     try:
         sweep = read_sweep(args.sweep)
         out = Path(args.out or f"results/sweep_{Path(args.sweep).stem}")
         runs = plan(sweep, out, args.count, args.seed)
     except SweepError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     if args.dry_run:
         for run in runs:
             print(shlex.join(run.command))
-        return 0
+        problems = problems_of(runs)
+        for problem in problems:
+            print_error(problem)
+        return 2 if problems else 0
     check_writable({"--out": out})
     metric = (sweep.get("metric") or {}).get("name")
+    first_with: dict[str, str] = {}  # a failure's reason -> the first run it ended
     for i, run in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {run.run_id} {json.dumps(run.params, default=str)}", flush=True)
         execute(run, metric)
-        print(f"    {run.status}" + (f", {metric} = {run.metric:.4f}" if run.metric is not None else "")
-              + (f" (log: {run.folder / 'log.txt'})" if run.status.startswith("failed") else ""), flush=True)
+        line = f"    {run.status}" + (f", {metric} = {run.metric:.4f}" if run.metric is not None else "")
+        if run.status.startswith("failed"):
+            said = first_with.setdefault(run.error, run.run_id)
+            line += f": {run.error if said == run.run_id else f'as run {said}'} (log: {run.folder / 'log.txt'})"
+        print(wrap(line), flush=True)
     print()
     print(summarize(runs, sweep, out))
     print(f"wrote {out / 'summary.md'} and {out / 'summary.csv'}")
-    return 1 if any(r.status.startswith("failed") for r in runs) else 0
+    if any(r.status.startswith("failed") for r in runs):
+        print("\n".join(wrap(line) for line in failures(runs)))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

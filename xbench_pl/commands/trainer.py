@@ -13,9 +13,10 @@ and writes ``OUT/checkpoints/last.ckpt`` (the trained tensors and a fingerprint 
 Before any model or data is built, the Trainer's hardware options are checked (a GPU that is not there, bad
 ``--trainer.devices``, ``strategy`` or ``precision``), every folder the run writes is checked (``xbench_pl.outputs``;
 a ``WandbLogger`` writes under ``--out``, or ``WANDB_DIR`` when set) and a ``--ckpt_path`` is read:
-a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line. ``test`` refuses an
-``--out`` that holds an earlier run (its ``metrics.json``) unless ``--overwrite`` is given. ``fit`` trains
-``FIT_DEFAULT_EPOCHS`` epoch where no ``--trainer.max_epochs`` (nor ``max_steps``, ``max_time``) is given, and says so.
+a damaged file, or a checkpoint that is not for ``--model``, ends the command with one line. ``test`` and ``fit``
+refuse an ``--out`` that holds an earlier run of theirs (its ``metrics.json``, ``fit.json``) unless ``--overwrite``
+is given. ``fit`` trains ``FIT_DEFAULT_EPOCHS`` epoch where no ``--trainer.max_epochs`` (nor ``max_steps``,
+``max_time``) is given, and says so.
 
 Ctrl-C (SIGINT) during a run ends it with one line (``Interrupted``; exit status 130): how many images the prediction
 store holds safe and the command that continues with ``--resume``; for ``fit``, the last checkpoint and the command
@@ -185,8 +186,7 @@ def check_hardware(trainer) -> None:
             return error
         return None
 
-    given = {option: value for option in HARDWARE_OPTIONS
-             if (value := trainer.get(option)) is not None and isinstance(value, (str, int, list))}
+    given = hardware_options(trainer)
     if refusal(given) is None:  # one build when all is well; else option by option, to name the first that fails
         return
     for count, (option, value) in enumerate(given.items(), 1):
@@ -198,6 +198,40 @@ def check_hardware(trainer) -> None:
                 here = [name for name, entry in AcceleratorRegistry.items() if entry["accelerator"].is_available()]
                 message = f"no {value} device on this machine (available here: {', '.join(here)})"
             raise UsageError(f"--trainer.{option}: {message}") from error
+
+
+def hardware_options(trainer) -> dict:
+    """The Trainer's ``HARDWARE_OPTIONS`` given as plain values (options given as classes are left to the Trainer)."""
+    return {option: value for option in HARDWARE_OPTIONS
+            if (value := trainer.get(option)) is not None and isinstance(value, (str, int, list))}
+
+
+def slow_precision(trainer) -> str | None:
+    """The warning for bf16 mixed precision on a CPU (``16-mixed`` becomes it there): CPUs without bfloat16 units
+    emulate its autocast, about 2.6 times slower than float32 (issue 43); None elsewhere."""
+    if not str(trainer.get("precision") or "").startswith(("bf16", "16")):
+        return None
+    from lightning.pytorch.accelerators import CPUAccelerator
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    with warnings.catch_warnings():  # Lightning's own note on 16-mixed comes when the Trainer is built
+        warnings.simplefilter("ignore")
+        connector = _AcceleratorConnector(**hardware_options(trainer))
+    if not isinstance(connector.accelerator, CPUAccelerator) or connector.precision_plugin.precision != "bf16-mixed":
+        return None
+    return (f"warning: --trainer.precision {trainer.precision} on a CPU: bfloat16 autocast runs about 2.6 times slower "
+            "than float32 there; leave the option out on a CPU")
+
+
+def quiet_wandb(trainer) -> None:
+    """With a ``WandbLogger``, W&B's terminal set up now from its environment (``wandb_defaults``: ``WANDB_SILENT``):
+    ``wandb.init`` checks the arguments Lightning passes it, and warns of one (``anonymous``), before it reads that."""
+    from xbench_pl.callbacks.common import wandb_logger
+
+    if is_rank_zero() and wandb_logger(trainer) is not None:
+        import wandb
+
+        wandb.setup()
 
 
 def report_config(settings: dict) -> dict:
@@ -243,7 +277,7 @@ class XBenchCLI(LightningCLI):
     def __init__(self, *args, given: list[str] = (), typed: list[str] | None = None, **kwargs):
         self.started, self.given = time.time(), list(given)  # given: the command line (after the command), names pulled
         self.typed = self.given if typed is None else list(typed)  # as typed: what a printed command repeats
-        self.replacing = False  # test --overwrite over an earlier run in --out
+        self.replacing = False  # --overwrite over an earlier run in --out
         self.default_epochs = False  # fit without max_epochs, max_steps or max_time: FIT_DEFAULT_EPOCHS
         self.prediction_writer = None
         super().__init__(*args, **kwargs)
@@ -272,8 +306,8 @@ class XBenchCLI(LightningCLI):
         self.wandb_under_out(config)
         if is_rank_zero():  # DDP ranks > 0 start after rank 0 checked (and would race its probe folders)
             check_writable(output_folders(config))
-            if self.config["subcommand"] == "test":
-                self.replacing = check_not_earlier_run(config.out, config.get("overwrite", False))
+            self.replacing = check_not_earlier_run(config.out, config.get("overwrite", False),
+                                                   self.config["subcommand"])
         if self.config["subcommand"] == "fit":
             self.fit_epochs(config.trainer)
         if config.get("ckpt_path") and config.ckpt_path not in LIGHTNING_CKPT_NAMES:
@@ -281,6 +315,8 @@ class XBenchCLI(LightningCLI):
                 check_lightning_checkpoint(config.ckpt_path, config.model.class_path)
             except CheckpointError as error:
                 raise UsageError(f"--ckpt_path: {error}") from error
+        if warning := slow_precision(config.trainer):
+            note(warning)
 
     def fit_epochs(self, trainer) -> None:
         """``fit`` without ``--trainer.max_epochs``, ``max_steps`` or ``max_time`` (nor ``fast_dev_run``) trains
@@ -354,6 +390,7 @@ class XBenchCLI(LightningCLI):
             raise UsageError(f"--trainer: {error}") from error
         trainer.output_folder = OutputFolder(self.config[self.subcommand].out)  # the callbacks' files and ours
         self.add_prediction_store(trainer)
+        quiet_wandb(trainer)
         return trainer
 
     def trainer_callbacks(self) -> list:
@@ -423,7 +460,8 @@ class XBenchCLI(LightningCLI):
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         say(f"\nfit on {record['images']['train']} images from {record['images']['source']}; "
             f"trained {trained:,} parameters ({len(record['trained_parameters'])} tensors)")
-        say(f"wrote {out / 'fit.json'} and the split {record['split']}")
+        replaced = ", replacing the earlier run's (--overwrite)" if self.replacing else ""
+        say(f"wrote {out / 'fit.json'} and the split {record['split']}{replaced}")
         if path:
             say(f"checkpoint: {path}\ntest it:")
             print(f"  {command_to_test(self.given, path)}")  # one line, to copy whole

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.console import wrap
 from xbench_pl.commands.report import (agreement, correlation, explainers, fairness, findings, generative, paper, reader, saved,
@@ -98,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except Exception as error:
-        print(f"error: {str(error).splitlines()[0]} (see python -m xbench_pl report --help)", file=sys.stderr)
+        print_error(f"{str(error).splitlines()[0]} (see python -m xbench_pl report --help)")
         return 2
     try:
         runs = find_runs([r for group in args.runs for r in (group if isinstance(group, list) else [group])])
     except (FileNotFoundError, json.JSONDecodeError, KeyError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     check_writable({"--out": args.out})
     out = Path(args.out)

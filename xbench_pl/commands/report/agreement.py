@@ -83,7 +83,7 @@ def section(runs: list[Run], figures: Path) -> Section | None:
     """None where fewer than two runs saved their maps."""
     from xbench_pl.metrics.agreement import agreement
 
-    stores = {run.name: store for run in runs if (store := run_store(run)) is not None}
+    stores = {run.unique_name: store for run in runs if (store := run_store(run)) is not None}
     if len(stores) < 2:
         return None
     size = eval_size(stores)

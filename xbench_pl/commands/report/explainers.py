@@ -33,9 +33,10 @@ def explainer_grid(runs: list[Run]) -> dict:
     A row is a model in one setting (``Run.setting_name``: the run's label without its explainer), a column an
     explainer (``EXPLAINERS`` order). Runs of one model in several settings (a sweep over prompts and explainers)
     are kept apart: one row per setting, labelled by the model and the config keys in which its settings differ.
-    Runs with the same model, setting and explainer are repeats: their numbers are averaged and ``runs``
-    counts them. ``datasets[DATASET][KEY][ROW][EXPLAINER]`` is the run's macro mean over the dataset's
-    findings (None where undefined or not run); ``spread[DATASET][KEY]``: ``across_explainers``, the mean over
+    Runs with the same model, setting and explainer on a dataset are repeats: their numbers are averaged and
+    ``runs`` counts them (the most on any one dataset: a model's runs on other datasets are one row, not repeats).
+    ``datasets[DATASET][KEY][ROW][EXPLAINER]`` is the run's macro mean over the dataset's findings (None where
+    undefined or not run); ``spread[DATASET][KEY]``: ``across_explainers``, the mean over
     rows of (max − min over the row's explainers), against ``across_models``, the mean over explainers of
     (max − min over rows): the larger moves the number more, the map or the model."""
     explainers = _explainer_order(run.explainer for run in runs)
@@ -54,7 +55,8 @@ def explainer_grid(runs: list[Run]) -> dict:
                          for metric, table in by_metric.items()}
                for dataset, by_metric in tables.items()}
     return {"explainers": explainers, "rows": list(rows.values()), "keys": list(EXPLAINER_KEYS),
-            "runs": {row: {e: len(cells.get((row, e), [])) for e in explainers} for row in rows},
+            "runs": {row: {e: max((sum(d in r.datasets for r in cells.get((row, e), [])) for d in tables), default=0)
+                           for e in explainers} for row in rows},
             "datasets": tables, "spread": spreads}
 
 

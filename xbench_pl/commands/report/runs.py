@@ -17,14 +17,17 @@ def explainer_name(metrics: dict) -> str:
 
 @dataclass
 class Run:
-    """One run: ``name``, its label in every section; ``setting_name``, the same without its explainer (the row of
-    the model × explainer tables); ``shown``, the settings its label names (those where runs differ); ``datasets``,
-    its tables by the report's dataset names (``image_sets``)."""
+    """One run: ``name``, its label in every section, shared by the model's runs on other datasets (one row of Table
+    1); ``unique_name``, the label with its datasets where it is shared (where a run, not a model, is meant);
+    ``setting_name``, the label without its explainer (the row of the model × explainer tables); ``shown``, the
+    settings its label names (those where runs differ); ``datasets``, its tables by the report's dataset names
+    (``image_sets``)."""
     name: str
     folder: Path
     metrics: dict
     setting: dict = field(default_factory=dict)
     setting_name: str = ""
+    unique_name: str = ""
     shown: dict = field(default_factory=dict)
     datasets: dict = field(default_factory=dict)
 
@@ -58,27 +61,53 @@ def _value(run: Run, key: str) -> str | None:
     return json.dumps(run.setting[key], sort_keys=True, default=str) if key in run.setting else None
 
 
+def apart_in_data(runs: list[Run], keys: list[str]) -> bool:
+    """Whether the runs alike in ``keys`` and explainer saw no dataset in common: what tells them apart (their data)
+    is their datasets, each a column of its own."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.explainer, *(_value(run, k) for k in keys)), []).append(run)
+    return all(not shared_datasets(group) for group in groups.values())
+
+
+def shared_datasets(runs: list[Run]) -> bool:
+    """Whether two of the runs scored a dataset of the same name."""
+    names = [d for run in runs for d in run.metrics["datasets"]]
+    return len(names) > len(set(names))
+
+
 def label_runs(runs: list[Run]) -> None:
     """Each run's one label: its model, its explainer in brackets where not native, and in parentheses the setting
-    keys in which the model's runs differ (``clip [gradcam] (model.positive=There is {})``); runs still alike (repeats)
-    add their folder (its name, or its path where that is shared too). ``setting_name``: the label without the
-    explainer and the folder."""
+    keys in which the model's runs differ (``clip [gradcam] (model.positive=There is {})``), but the data's
+    (``data.*``) where runs that differ only in them saw other datasets: those are one model (the paper's sweep: a
+    model's seven runs, one per dataset, are one row of Table 1, a column group per dataset). Runs still alike
+    (repeats) on a dataset add their folder (its name, or its path where that is shared too). ``setting_name``: the
+    label without the explainer and the folder; ``unique_name``: the label, with its datasets where other runs share
+    it."""
     for model in dict.fromkeys(r.model for r in runs):
         mine = [r for r in runs if r.model == model]
         keys = dict.fromkeys(k for r in mine for k in r.setting)
         differ = [k for k in keys if len({_value(r, k) for r in mine}) > 1]
+        beside_data = [k for k in differ if not k.startswith("data.")]
+        if apart_in_data(mine, beside_data):
+            differ = beside_data
         for run in mine:
             run.shown = {k: run.setting[k] for k in differ if k in run.setting}
             shown = ", ".join(f"{k}={v}" for k, v in run.shown.items())
             explainer = "" if run.explainer == "native" else f" [{run.explainer}]"
             run.setting_name = f"{model} ({shown})" if shown else model
             run.name = f"{model}{explainer} ({shown})" if shown else f"{model}{explainer}"
+    alike = {name: [r for r in runs if r.name == name] for name in dict.fromkeys(r.name for r in runs)}
+    repeats = {name for name, group in alike.items() if shared_datasets(group)}
+    for run in runs:
+        if run.name in repeats:
+            places = [r.folder.name for r in alike[run.name]]
+            place = run.folder.name if places.count(run.folder.name) == 1 else str(run.folder)
+            run.name = f"{run.name[:-1]}, {place})" if run.name.endswith(")") else f"{run.name} ({place})"
     names = [r.name for r in runs]
     for run in runs:
-        if names.count(run.name) > 1:
-            alike = [r.folder.name for r in runs if r.name == run.name]
-            place = run.folder.name if alike.count(run.folder.name) == 1 else str(run.folder)
-            run.name = f"{run.name[:-1]}, {place})" if run.name.endswith(")") else f"{run.name} ({place})"
+        shared = names.count(run.name) > 1
+        run.unique_name = f"{run.name} on {', '.join(run.metrics['datasets'])}" if shared else run.name
 
 
 # -- image sets ----------------------------------------------------------------------------------

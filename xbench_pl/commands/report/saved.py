@@ -37,7 +37,7 @@ def section(runs: list[Run], figures: Path) -> Section | None:
         found = saved_images(run)
         progress.step()
         if found:
-            out.heading(run.name)
+            out.heading(run.unique_name)
         for title, images in found.items():
             out.heading(title, 4)
             out.images(images, gallery=title.startswith("Heatmap"))

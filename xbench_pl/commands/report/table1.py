@@ -1,5 +1,6 @@
 """The section "Grounding per dataset and model": the datasets x runs grid of Pointing Game, Dice@0.5 and IoU@0.5
-macro means (Table 1 of the paper)."""
+macro means (Table 1 of the paper): a row per label (a model's runs on other datasets share one, ``runs.label_runs``),
+a column group per dataset."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ TABLE1 = ("pointing_game", "dice@0.5", "iou@0.5")
 def table1(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     names = datasets(runs)
     header = ["model", *(f"{d} {SHORT[k]}" for d in names for k in TABLE1)]
-    rows = [[run.name, *(cell(run.datasets.get(d, {}).get("mean", {}).get(k)) for d in names for k in TABLE1)] for run in runs]
+    tables: dict[str, dict] = {}
+    for run in runs:
+        tables.setdefault(run.name, {}).update(run.datasets)
+    rows = [[name, *(cell(mine.get(d, {}).get("mean", {}).get(k)) for d in names for k in TABLE1)]
+            for name, mine in tables.items()]
     return header, rows
 
 
