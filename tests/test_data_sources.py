@@ -383,3 +383,16 @@ def test_manual_source_says_what_to_do(tmp_path):
     text = " ".join(result.stderr.split())
     assert result.returncode == 2 and text.count("error:") == 1
     assert "no programmatic download" in text and "azcopy" in text and str(tmp_path / "chexlocalize") in text
+
+
+def test_a_sweep_reads_datasets_by_name_once_pulled(tmp_path, monkeypatch):
+    """The paper sweep names no data root: its dry run asks for each dataset the runs read and `data pull` has not
+    placed, and nothing once it is there."""
+    from xbench_pl.commands.sweep import data_problems
+
+    monkeypatch.setenv(sources.DATA_ENV, str(tmp_path))
+    argv = ["--data", "pooled", "--data.datasets", "[nih_bbox, demo]"]
+    assert data_problems(argv) == [f"--data nih_bbox: no --data.root, and not pulled into {tmp_path / 'nih_bbox'} "
+                                   "(python -m xbench_pl data pull nih_bbox)"]
+    (tmp_path / "nih_bbox").mkdir()
+    assert data_problems(argv) == [] and data_problems(["--data", "nih_bbox"]) == []

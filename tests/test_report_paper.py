@@ -214,23 +214,25 @@ def test_the_papers_sweep_expands_to_its_49_runs_by_name(tmp_path, capsys, monke
     for run in runs:
         command = run.command
         assert command[:6] == [sys.executable, "-m", "xbench_pl", "test", "--data", "pooled"]
-        assert command.index("--data.root") < command.index(f"--model={run.params['model']}") \
-            < command.index("--model.explainer=native")  # the model before its options
+        assert command.index(f"--model={run.params['model']}") < command.index("--model.explainer=native")
         assert {"--model.fixed_threshold=0.5", "--model.bootstrap=1000"} <= set(command)
-        # no weight paths (models by name): the only paths are the datasets' folder and the run's
-        assert [t for t in command[1:] if "/" in t] == ["/path/to/xbench_datasets", str(run.folder)]
-        assert not any("checkpoint" in t for t in command)
+        # no weight or data paths (models and datasets by name): the only path is the run's folder
+        assert [t for t in command[1:] if "/" in t] == [str(run.folder)]
+        assert not any("checkpoint" in t or t.startswith("--data.root") for t in command)
     # unedited, with nothing pulled: the dry run names what stops the runs, each problem once with its runs
     monkeypatch.setenv("XBENCH_WEIGHTS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XBENCH_DATA_DIR", str(tmp_path / "data"))
     assert sweep.main([str(PAPER_SWEEP), "--dry-run", "--out", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert len(captured.out.strip().splitlines()) == 49 and not (tmp_path / "runs").exists()
     problems = captured.err.splitlines()
-    assert problems[0] == ("error: --data.root /path/to/xbench_datasets: a placeholder, no such folder; edit it in the "
-                           "sweep file (all 49 runs)")
-    assert [p.split(":")[1].strip() for p in problems[1:]] == [f"--model {m}" for m in models]  # each model's 7 runs
-    assert all(re.search(r"\(7 runs: (\w{10}, ){6}\w{10}\)$", p) for p in problems[1:])
-    assert "weights pull clip" in problems[1] and problems[-1].startswith("error: --model devide: no public release")
+    named = {p.split(":")[1].strip(): p for p in problems}  # in the order the runs first meet them
+    assert len(problems) == len(named) == 14
+    assert set(named) == {f"--data {d}" for d in datasets} | {f"--model {m}" for m in models}
+    assert all(re.search(r"\(7 runs: (\w{10}, ){6}\w{10}\)$", p) for p in problems)  # each once, with its 7 runs
+    assert named["--data covid_rural"].startswith(f"error: --data covid_rural: no --data.root, and not pulled into "
+                                                  f"{tmp_path / 'data' / 'covid_rural'} (python -m xbench_pl data pull covid_rural)")
+    assert "weights pull clip" in named["--model clip"] and named["--model devide"].startswith("error: --model devide: no public release")
 
 
 def test_a_papers_sweep_command_parses_to_its_settings(capsys):
@@ -242,7 +244,7 @@ def test_a_papers_sweep_command_parses_to_its_settings(capsys):
     assert exit_.value.code in (0, None)
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["model_name"] == "biomedclip" and config["data"]["init_args"]["datasets"] == ["chexlocalize"]
-    assert config["data"]["init_args"]["root"] == "/path/to/xbench_datasets"
+    assert config["data"]["init_args"]["root"] is None  # each dataset where `data pull` put it
     args = config["model"]["init_args"]
     assert (args["explainer"], args["fixed_threshold"], args["bootstrap"], args["checkpoint"]) == ("native", 0.5, 1000, None)
 
@@ -266,8 +268,7 @@ def demo_sweep(tmp_path_factory):
     model.write_text(yaml.safe_dump({"class_path": "xbench_pl.models.open_clip_model.OpenCLIPModel",
                                      "init_args": {"architecture": architecture, "checkpoint": None, "random_init": True}}))
     spec = yaml.safe_load(PAPER_SWEEP.read_text())
-    spec["command"][spec["command"].index("--data.root") + 1] = str(roots)
-    spec["command"][-1:-1] = ["--data.eval_size", "128"]
+    spec["command"][-1:-1] = ["--data.root", str(roots), "--data.eval_size", "128"]
     spec["parameters"]["model"]["values"] = [str(model)]
     spec["parameters"]["data.datasets"]["values"] = ["[nih_bbox]", "[siim_pneumothorax]"]
     spec["parameters"]["model.bootstrap"]["value"] = 200

@@ -255,7 +255,7 @@ def path_problem(option: str, path: str, what: str, written_in: str = "the sweep
 def data_problems(argv: list[str]) -> list[str]:
     """A run's ``--data`` that is not registered, each of its data roots (``--data.root``, ``--data.image_root``, ...)
     that is no folder and, for pooled data, each dataset that reads a root whose folder ``ROOT/NAME`` is missing
-    (``data.pooled``). Roots not given are the datasets' own defaults: nothing to check here."""
+    (``data.pooled``). A dataset read without a root must have been pulled (``data pull NAME``: ``unpulled``)."""
     from xbench_pl.commands.early import reads_root
     from xbench_pl.registry import UnknownName, class_path, config_path
 
@@ -272,8 +272,10 @@ def data_problems(argv: list[str]) -> list[str]:
     roots = {flag: value for flag in flags if (value := last_option(argv, flag))}
     problems = [problem for flag, value in roots.items() if (problem := path_problem(flag, value, "folder"))]
     root = roots.get("--data.root")
-    if problems or root is None or not data_class.endswith("PooledDataModule"):
+    if problems:
         return problems
+    if not data_class.endswith("PooledDataModule"):
+        return [] if root is not None else unpulled([name])
     if given := last_option(argv, "--data.datasets"):
         try:
             names = yaml.safe_load(given)
@@ -281,16 +283,27 @@ def data_problems(argv: list[str]) -> list[str]:
             return [f"--data.datasets {given}: not a YAML list of datasets"]
     else:  # the pooled config's own list
         names = yaml.safe_load(config_path("data", name).read_text())["init_args"]["datasets"]
+    rooted = []
     for dataset in (d for d in (names if isinstance(names, list) else []) if isinstance(d, str)):  # a mapping: its own root
         try:
             needs_root = reads_root(class_path("data", dataset))
         except UnknownName as error:
             problems.append(f"--data.datasets: {error}")
             continue
-        if needs_root and not (Path(root).expanduser() / dataset).is_dir():
+        if needs_root and root is None:
+            rooted.append(dataset)
+        elif needs_root and not (Path(root).expanduser() / dataset).is_dir():
             problems.append(f"--data.root {root}: no folder {dataset}/ in it (the {dataset} dataset as it unpacks from "
                             "its source)")
-    return problems
+    return problems + unpulled(rooted)
+
+
+def unpulled(datasets: list[str]) -> list[str]:
+    """Datasets read without a ``--data.root`` whose folder ``data pull`` fills (``sources.default_root``) is not there."""
+    from xbench_pl.data.sources import PULL_COMMAND, data_dir, default_root
+
+    return [f"--data {dataset}: no --data.root, and not pulled into {data_dir() / dataset} ({PULL_COMMAND} {dataset})"
+            for dataset in datasets if default_root(dataset) is None]
 
 
 def model_problems(argv: list[str]) -> list[str]:
