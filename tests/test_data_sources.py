@@ -22,6 +22,7 @@ from synthetic_dicom import make_rsna, make_vindr
 from test_cli import REPO, in_process
 from test_covid_rural import STEMS, opacity_mask, write_covid
 
+from xbench_pl.commands.data import verify
 from xbench_pl.data import sources
 from xbench_pl.data.errors import DataError
 
@@ -120,12 +121,12 @@ def test_verify_counts_the_real_nih_table(real_cxr, tmp_path):
     root = tmp_path / "nih_bbox"
     (root / "images").mkdir(parents=True)
     (root / "BBox_List_2017.csv").write_bytes(gzip.open(real_cxr / "tables" / "BBox_List_2017.csv.gz").read())
-    said, problems = sources.verify("nih_bbox", root)
+    said, problems = verify("nih_bbox", root)
     assert said == ["nih_bbox: split boxed, 880 images, ids SHA-256 5f2df8c25ce9 (= the pinned nih_bbox.boxed.txt)"]
     assert len(problems) == 880 and all(": missing (image of " in p for p in problems)
     for image_id in sources.eval_set("nih_bbox", "boxed").ids():
         (root / "images" / image_id).write_bytes(b"")
-    said, problems = sources.verify("nih_bbox", root)
+    said, problems = verify("nih_bbox", root)
     assert problems == [] and said[-1] == "nih_bbox: 880 images of split boxed, every image file present, 984 regions"
 
 
@@ -266,7 +267,7 @@ def test_ms_cxr_pulls_the_mimic_images_its_csv_names(hosts, tmp_path):
     assert result.returncode == 0, result.stderr
     root = folder / "ms_cxr"
     assert {p.relative_to(root).as_posix() for p in root.rglob("*.jpg")} == set(images)
-    said, problems = sources.verify("ms_cxr", root)
+    said, problems = verify("ms_cxr", root)
     assert problems == [f"ms_cxr: 13 pairs under {root}, split all has 1,162"]
 
 
@@ -283,7 +284,7 @@ def test_covid_pull_lists_the_github_folder(hosts, tmp_path):
     wanted = {"covid_rural_patient_info.csv", f"pngs_masks/{stem}.png", f"jpgs/{stem}.jpg", f"jpgs/jsons/{stem}.json"}
     assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == {*wanted, sources.LOCK_FILE}
     assert all((root / name).read_bytes() == served[name] for name in wanted) and len(served) > len(wanted)
-    said, problems = sources.verify("covid_rural", root)
+    said, problems = verify("covid_rural", root)
     assert problems == [f"covid_rural: 1 images under {root}, split masked has 193"]
 
 
@@ -309,7 +310,7 @@ def test_chestx_det10_unpacks_its_archive(hosts, tmp_path, monkeypatch):
     root = folder / "chestx_det10"
     assert sorted(p.name for p in (root / "test_data").iterdir()) == pinned[:2]
     assert json.loads((root / sources.LOCK_FILE).read_text())["files"]["test_data.zip"]["extracted"] is True
-    said, problems = sources.verify("chestx_det10", root)
+    said, problems = verify("chestx_det10", root)
     assert len(problems) == 540 and problems[0].startswith(f"chestx_det10: {pinned[2]}: pinned in split test")
 
 
@@ -374,7 +375,7 @@ def test_a_hand_placed_file_is_kept_and_said_unverified(hosts, tmp_path):
     (root / "annotations" / "annotations_test.csv").write_bytes((native / "annotations" / "annotations_test.csv").read_bytes())
     result = data("pull", "vindr_cxr", folder=tmp_path / "data", **PHYSIONET)
     assert result.returncode == 0 and "1 already there, placed by hand (unverified)" in " ".join(result.stdout.split())
-    said, problems = sources.verify("vindr_cxr", root)
+    said, problems = verify("vindr_cxr", root)
     assert "1 file(s) placed by hand, unverified (not downloaded by data pull)" in said
 
 

@@ -22,9 +22,10 @@ from loopback_hosts import COMMIT, Hosts
 from test_cli import in_process
 from test_console_runs import imported
 from test_open_clip_models import PREPROCESS_CFG, TINY_CLIP
-from xbench_pl.commands.early import init_types, released_weights
+from xbench_pl.commands.class_options import table_entry
+from xbench_pl.commands.early import released_weights
 from xbench_pl.models.open_clip_model import build_open_clip
-from xbench_pl.registry import available, class_path
+from xbench_pl.registry import available
 from xbench_pl.weights import LOCK_FILE, PARTIAL, read_sources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,8 @@ def test_every_registered_model_has_an_entry_and_list_shows_sources_and_licences
     assert not needs["center"].arguments and not needs["uniform"].arguments
     assert sources["radzero"].licence.startswith("CC BY-NC 4.0")
     for model, entry in needs.items():  # each file goes to an argument the model has
-        assert set(entry.arguments) <= set(init_types(class_path("models", model))), model
+        assert {f"--model.{argument}" for argument in entry.arguments} <= {
+            flag for action in table_entry("models", model)["actions"] for flag in action["flags"]}, model
     result = in_process("weights", "list", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     blocks = {line.split(":")[0]: line for line in result.stdout.splitlines() if not line.startswith((" ", "weights cache"))}

@@ -21,11 +21,10 @@ import sys
 import time
 import warnings
 
-from xbench_pl.commands.arguments import PROG, SUMMARIES, TRAINER_COMMANDS, bare_flags
+from xbench_pl.commands.arguments import DEBUG_ENV, PROG, SUMMARIES, TRAINER_COMMANDS, bare_flags
 from xbench_pl.commands.errors import Interrupted
 from xbench_pl.console import is_rank_zero, wrap
 
-DEBUG_ENV = "XBENCH_DEBUG"
 #: the exit status of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as a shell reports it
 INTERRUPTED = 130
 #: every command's module
@@ -86,18 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         print_error(f"unknown command {command!r}; commands: {', '.join(SUMMARIES)} (see {PROG} --help)")
         return 2
     if command in TRAINER_COMMANDS:  # before Lightning loads: help, the errors that need no model come at once; pulled files
-        from xbench_pl.commands.early import Released, released_weights, trainer_problem, wants_quick_help
+        from xbench_pl.commands.early import (Released, class_help, released_weights, run_problem, trainer_problem,
+                                              wants_quick_help)
 
         if wants_quick_help(rest):
             from xbench_pl.commands.trainer_help import trainer_help
 
             print(trainer_help(command))
             return 0
+        if (shown := class_help(rest)) is not None:  # --model.help NAME: from the table of the registered classes
+            print(shown, end="")
+            return 0
 
         typed, rest = rest, bare_flags(rest)  # typed: for the command a run prints to continue it
         problem = trainer_problem(rest, command)
         released = Released(rest) if problem else released_weights(rest)
-        rest, problem = released.argv, problem or released.problem
+        rest, problem = released.argv, problem or released.problem or run_problem(rest, released)
         if problem:
             print_error(problem)
             return 2

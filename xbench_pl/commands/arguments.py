@@ -10,6 +10,9 @@ PROG = "python -m xbench_pl"
 #: the Lightning Trainer verbs (``trainer.XBenchCLI`` subcommands)
 TRAINER_COMMANDS = ("test", "fit")
 #: one line per command for ``--help``
+#: set (to anything but 0) to show the traceback of an error, as ``--debug`` does
+DEBUG_ENV = "XBENCH_DEBUG"
+
 SUMMARIES = {
     "test": "benchmark a model on datasets: prints the per-dataset table, writes OUT/metrics.json and metrics.md",
     "fit": "fine-tune a model on a dataset's training split, validating every epoch with the benchmark's metrics",

@@ -46,6 +46,52 @@ def list_datasets(folder: Path) -> int:
     return 0
 
 
+def verify(dataset: str, root: Path, split: str | None = None) -> tuple[list[str], list[str]]:
+    """``(what matches, problems)`` of the folder ``root`` for ``dataset``'s evaluation set ``split``: the pulled
+    files against the lock, then the folder as the dataset's own reader sees it against the set (its ids, its count,
+    its regions' count, every image file); each problem one line naming the file or id."""
+    from xbench_pl.data.errors import DataError
+    from xbench_pl.data.sources import PULL_COMMAND, compare_ids, eval_set, identity_line, verify_lock
+
+    chosen = eval_set(dataset, split)
+    if not root.is_dir():
+        return [], [f"{root}: no such folder ({PULL_COMMAND} {dataset}, or give the folder with --data.root)"]
+    good, by_hand, problems = verify_lock(root)
+    said = [f"{len(good)} pulled file(s) match the lock"] if good else []
+    said += [f"{len(by_hand)} file(s) placed by hand, unverified (not downloaded by data pull)"] if by_hand else []
+    from xbench_pl.registry import read_data_config
+
+    data_class, defaults = read_data_config(dataset)
+    data = data_class(**{**defaults, "root": str(root), "split": split, "on_error": "skip"})
+    try:
+        records = data.apply_split(data.load_records())  # a set that restricts keeps its pinned ids (absent ones reported)
+    except DataError as error:
+        return said, [*problems, str(error)]
+    problems += [str(problem) for problem in data.problems if problem.action == "skipped"]
+    ids = [r.image_id for r in records]
+    pinned = chosen.ids()
+    if pinned is not None and not chosen.restricts:  # the default set is read whole: any difference from its ids is one
+        wanted, here = set(pinned), set(ids)
+        problems += [f"{dataset}: {i}: pinned in split {chosen.name} ({chosen.ids_file}), not in the annotations under "
+                     f"{root}" for i in sorted(wanted - here)]
+        problems += [f"{dataset}: {i}: in the annotations under {root}, not in the pinned split {chosen.name} (extra)"
+                     for i in sorted(here - wanted)]
+    elif pinned is None and chosen.count is not None and len(records) != chosen.count:
+        problems.append(f"{dataset}: {len(records):,} {chosen.unit} under {root}, split {chosen.name} has "
+                        f"{chosen.count:,}")
+    missing = [r for r in records if not Path(r.path).is_file()]
+    problems += [f"{r.path}: missing (image of {r.source})" for r in missing]
+    regions = sum(len(rows) for r in records for rows in r.region_sources.values())
+    if chosen.regions is not None and not problems and regions != chosen.regions:
+        problems.append(f"{dataset}: {regions:,} annotated regions under {root}, split {chosen.name} has "
+                        f"{chosen.regions:,}")
+    said.append(identity_line(dataset, compare_ids(chosen, ids)))
+    if not problems:
+        said.append(f"{dataset}: {len(records):,} {chosen.unit} of split {chosen.name}, every image file present"
+                    + (f", {regions:,} regions" if chosen.regions is not None else ""))
+    return said, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or any(a in ("-h", "--help") for a in argv):
@@ -63,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                " (--data.root and --data.split name one dataset's folder and set)" if (root or split) and names else "")
         print(wrap(f"error: usage: {PROG} {USAGE}{why}"), file=sys.stderr)
         return 2
-    from xbench_pl.data.sources import DataSourceError, data_dir, eval_set, pull, read_sources, verify
+    from xbench_pl.data.sources import DataSourceError, data_dir, eval_set, pull, read_sources
 
     folder = data_dir(folder)
     if action == "list":

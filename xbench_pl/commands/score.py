@@ -158,8 +158,7 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
     store = Store(folder)
     stored = store.read_manifest()
     if stored is None:
-        raise UsageProblem(f"{store.manifest_path} not found: {folder} is no prediction store "
-                           f"(write one with {PROG} test ... --predictions {folder})")
+        raise UsageProblem(no_store(folder))
     config = copy.deepcopy(stored["config"])
     name, rest = take_option(rest, "--data")
     data_config = config.get("data") or {}
@@ -183,6 +182,15 @@ def open_store(folder: str, rest: list[str]) -> SimpleNamespace:
             init_args[key] = value
     metrics = {**stored_judge_settings(stored), **chosen_metrics}  # every metric setting of the run, as asked
     return SimpleNamespace(store=store, stored=stored, config=config, datamodule=dataset_class(**chosen), metrics=metrics, args=args)
+
+
+def no_store(folder: str) -> str | None:
+    """The line for a ``--predictions`` folder that is no prediction store: it has no manifest
+    (``prediction_store.Store.manifest_path``, looked for here without torch); None for one that has."""
+    manifest = Path(folder) / "manifest.json"
+    if manifest.is_file():
+        return None
+    return f"{manifest} not found: {folder} is no prediction store (write one with {PROG} test ... --predictions {folder})"
 
 
 def take_columns(argv: list[str]) -> tuple[list[str] | str | None, list[str]]:
@@ -218,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(folder).is_dir():  # before torch loads
         print(f"error: --predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)",
               file=sys.stderr)
+        return 2
+    if problem := no_store(folder):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from xbench_pl.prediction_store import StoreError, model_name
     from xbench_pl.predictions import rescore

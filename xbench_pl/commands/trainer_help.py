@@ -1,26 +1,43 @@
 """``test --help`` and ``fit --help`` without Lightning, torch or any model's code (building ``XBenchCLI``'s parser
 imports them all: 15-20 s). The options are those of that parser: the run's own (``arguments.RUN_OPTIONS``), the
 Trainer's ``__init__`` and the verb's (``Trainer.test``/``Trainer.fit``) arguments with their docstrings' text, read
-from Lightning's source (``ast``) as ``early.init_types`` reads the model classes', and the ``--model``/``--data``
-choices. The dispatcher shows it where ``early.wants_quick_help``; a model's or dataset's own options still come
-from its class (``--model.help NAME`` builds the parser). ``tests/test_cli_options.py`` checks that this help and
-the parser's list the same options."""
+from Lightning's source (``ast``), and the ``--model``/``--data`` choices. The dispatcher shows it where
+``early.wants_quick_help``; a model's or dataset's own options come from the table of the classes' options
+(``--model.help NAME``: ``early.class_help``), and ``early.parse_problem`` knows the command's flags from
+``trainer_parser``. ``tests/test_cli_options.py`` checks that this help and the parser's list the same options."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import importlib.util
+from pathlib import Path
 from typing import get_args
 
 import docstring_parser
 
 from xbench_pl.commands.arguments import (FIT_DEFAULT_EPOCHS, FIT_TRAINER_DEFAULTS, LINKED_OPTIONS, NAMES_HELP, PROG, RUN_OPTIONS,
                                          SEED_DEFAULT, SUMMARIES, TRAINER_DEFAULTS, VERB_DEFAULTS, VERB_SKIPPED, plain)
-from xbench_pl.commands.early import module_tree
 from xbench_pl.options import ExplainerName
 from xbench_pl.registry import available
 
 TRAINER_MODULE, TRAINER_CLASS = "lightning.pytorch.trainer.trainer", "Trainer"
+
+
+@functools.cache
+def module_tree(module: str) -> ast.Module | None:
+    """The parsed source of ``module`` (a ``.py`` file), or None; parsed once per process. Found on its top package's
+    path, not by ``find_spec(module)``, which imports the packages above it (``lightning`` imports torch)."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent
+    path = folder.joinpath(*parts[:-1], f"{parts[-1]}.py") if parts else Path(spec.origin)
+    if parts and not path.is_file():
+        path = folder.joinpath(*parts, "__init__.py")
+    return ast.parse(path.read_text()) if path.is_file() and path.suffix == ".py" else None
 
 
 def signature(method: str) -> list[tuple[str, str, str, str]]:
@@ -67,6 +84,11 @@ def option_help(description: str, annotation: str, default: str) -> str:
 
 def trainer_help(command: str) -> str:
     """The ``--help`` of ``test`` or ``fit``."""
+    return trainer_parser(command).format_help()
+
+
+def trainer_parser(command: str) -> argparse.ArgumentParser:
+    """A parser with the options of ``test`` or ``fit`` (for their help, and the flags ``early`` knows)."""
     parser = argparse.ArgumentParser(
         prog=f"{PROG} {command}", description=SUMMARIES[command], add_help=False,
         epilog=NAMES_HELP.format(models=", ".join(available("models")), data=", ".join(available("data")),
@@ -107,4 +129,4 @@ def trainer_help(command: str) -> str:
         if name not in VERB_SKIPPED[command]:
             default = shown(VERB_DEFAULTS[command][name]) if name in VERB_DEFAULTS[command] else source_default(default)
             verb.add_argument(f"--{name}", metavar=metavar(name, annotation), help=option_help(description, annotation, default))
-    return parser.format_help()
+    return parser

@@ -324,11 +324,9 @@ class XBenchData:
     def checked_root(self, layout: str) -> Path:
         """``root``, or a ``DataError`` naming ``--data.root`` when it is not set or is no folder; ``layout``
         says what the folder holds (the dataset as it unpacks)."""
-        if self.root is None:
-            pull = f" (or `{sources.PULL_COMMAND} {self.name}` fills {sources.data_dir() / self.name})" if self.eval_set else ""
-            raise DataError("--data.root", f"{self.name} root not set: give the folder holding {layout}{pull}")
-        if not self.root.is_dir():
-            raise DataError("--data.root", f"{self.root}: no such folder (give {self.name}'s folder, holding {layout})")
+        problem = sources.root_problem(self.name, self.root, layout)
+        if problem:
+            raise DataError("--data.root", problem)
         return self.root
 
     # -- bad input ---------------------------------------------------------------------------

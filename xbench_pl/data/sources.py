@@ -13,8 +13,8 @@
   ``DATA_DIR/.partial/NAME/`` (outside the dataset's folder, so no reader ever sees half a file), checked against
   the lock and renamed into place; the first pull records each file's SHA-256 and size in ``ROOT/xbench_data.lock.json``.
   Credentials are read from the environment or the user's own files and never stored.
-- **Verifying.** ``verify`` re-hashes the locked files and reads the folder with the dataset's own reader: each
-  missing or changed file, missing or extra id of the pinned set and count that differs is one line.
+- **Verifying.** ``verify_lock`` re-hashes the locked files; ``data verify`` (``commands/data.py``) then reads the
+  folder with the dataset's own reader against its set (``compare_ids``).
 
 Hosts can be pointed elsewhere (the tests' loopback stand-ins): ``XBENCH_KAGGLE_URL``, ``XBENCH_PHYSIONET_URL``,
 ``XBENCH_GITHUB_RAW_URL``, ``XBENCH_GITHUB_API_URL``, and a ``url`` piece's own ``XBENCH_URL_<DATASET>``.
@@ -179,6 +179,17 @@ def default_root(dataset: str) -> Path | None:
     """Where ``data pull`` puts ``dataset`` (``DATA_DIR/NAME``), when it is there and the dataset is pulled by name."""
     folder = data_dir() / dataset
     return folder if dataset in read_sources() and folder.is_dir() else None
+
+
+def root_problem(dataset: str, root: Path | None, layout: str) -> str | None:
+    """What is wrong with ``root`` as the folder of ``dataset``, which holds ``layout`` (``--data.root``'s line;
+    ``test`` says it before Lightning loads, ``commands.early``), or None."""
+    if root is None:
+        pull = f" (or `{PULL_COMMAND} {dataset}` fills {data_dir() / dataset})" if dataset in read_sources() else ""
+        return f"{dataset} root not set: give the folder holding {layout}{pull}"
+    if not root.is_dir():
+        return f"{root}: no such folder (give {dataset}'s folder, holding {layout})"
+    return None
 
 
 # -- lock ----------------------------------------------------------------------------------------------------------
@@ -540,50 +551,6 @@ def kaggle_api():
 
 
 # -- verifying -----------------------------------------------------------------------------------------------------
-def verify(dataset: str, root: Path, split: str | None = None) -> tuple[list[str], list[str]]:
-    """``(what matches, problems)`` of the folder ``root`` for ``dataset``'s evaluation set ``split``: the pulled
-    files against the lock, then the folder as the dataset's own reader sees it against the set (its ids, its count,
-    its regions' count, every image file); each problem one line naming the file or id."""
-    chosen = eval_set(dataset, split)
-    if not root.is_dir():
-        return [], [f"{root}: no such folder ({PULL_COMMAND} {dataset}, or give the folder with --data.root)"]
-    good, by_hand, problems = verify_lock(root)
-    said = [f"{len(good)} pulled file(s) match the lock"] if good else []
-    said += [f"{len(by_hand)} file(s) placed by hand, unverified (not downloaded by data pull)"] if by_hand else []
-    from xbench_pl.data.errors import DataError
-    from xbench_pl.registry import read_data_config
-
-    data_class, defaults = read_data_config(dataset)
-    data = data_class(**{**defaults, "root": str(root), "split": split, "on_error": "skip"})
-    try:
-        records = data.apply_split(data.load_records())  # a set that restricts keeps its pinned ids (absent ones reported)
-    except DataError as error:
-        return said, [*problems, str(error)]
-    problems += [str(problem) for problem in data.problems if problem.action == "skipped"]
-    ids = [r.image_id for r in records]
-    pinned = chosen.ids()
-    if pinned is not None and not chosen.restricts:  # the default set is read whole: any difference from its ids is one
-        wanted, here = set(pinned), set(ids)
-        problems += [f"{dataset}: {i}: pinned in split {chosen.name} ({chosen.ids_file}), not in the annotations under "
-                     f"{root}" for i in sorted(wanted - here)]
-        problems += [f"{dataset}: {i}: in the annotations under {root}, not in the pinned split {chosen.name} (extra)"
-                     for i in sorted(here - wanted)]
-    elif pinned is None and chosen.count is not None and len(records) != chosen.count:
-        problems.append(f"{dataset}: {len(records):,} {chosen.unit} under {root}, split {chosen.name} has "
-                        f"{chosen.count:,}")
-    missing = [r for r in records if not Path(r.path).is_file()]
-    problems += [f"{r.path}: missing (image of {r.source})" for r in missing]
-    regions = sum(len(rows) for r in records for rows in r.region_sources.values())
-    if chosen.regions is not None and not problems and regions != chosen.regions:
-        problems.append(f"{dataset}: {regions:,} annotated regions under {root}, split {chosen.name} has "
-                        f"{chosen.regions:,}")
-    said.append(identity_line(dataset, compare_ids(chosen, ids)))
-    if not problems:
-        said.append(f"{dataset}: {len(records):,} {chosen.unit} of split {chosen.name}, every image file present"
-                    + (f", {regions:,} regions" if chosen.regions is not None else ""))
-    return said, problems
-
-
 def verify_lock(root: Path) -> tuple[list[str], list[str], list[str]]:
     """Re-hash the files the lock lists: ``(files that match, files placed by hand, problems)``."""
     good, by_hand, problems = [], [], []
