@@ -4,8 +4,9 @@ pass (``test_step``'s forward, ``batch_output``) on the same batch. Random weigh
 For each model (built once, full size) and each measure: ``TrustRun.measure`` on one batch of the demo (its images
 with a region, the pairs ``test_step`` would measure), under inference mode as in a run, with the settings given
 (``--steps``, ``--stages``). Times are the best of ``--repeats`` runs, interleaved with the native pass's (a shared
-machine's load hits both alike), the model's caches warm. Randomization's copies are made once per run: their making
-is timed apart (``copies_s``, once per run, not per image) and the per-image cost is the maps of every stage's copy.
+machine's load hits both alike), the model's caches warm. Randomization's working copy is made once per run: its
+making is timed apart (``copies_s``, once per run, not per image); the per-image cost is a walk down the cascade with
+the maps of every measured stage.
 
 Run: ``python benchmarks/bench_trust.py [--models clip medklip ...] [--measures randomization deletion ...]
 [--batch 4] [--steps 10] [--stages all|last] [--repeats 2] [--device cuda]``.
@@ -54,7 +55,8 @@ def measure(name: str, options: dict, measures: list[str], batch_size: int, step
     for measure_name in measures:
         run = TrustRun(measure_name, steps=steps, stages=stages)
         start = time.perf_counter()
-        run.randomized(model)  # once per run
+        for _ in run.randomized(model):  # the working copy made (once per run), walked once
+            pass
         copies_s = time.perf_counter() - start
         pairs = int(run.chosen_pairs(batch)[0].numel())
         trusted = on_device(lambda: run.measure(model, batch, output, model.normalize), device)
@@ -64,7 +66,7 @@ def measure(name: str, options: dict, measures: list[str], batch_size: int, step
                "s_per_image": t_trust / n, "time_ratio": t_trust / t_native, "copies_s": copies_s,
                "stages": len(run.stage_names(model)), "steps": steps}
         rows.append(row)
-        extra = f"  ({row['stages']} stages; copies made once in {copies_s:.1f} s)" if measure_name == "randomization" else ""
+        extra = f"  ({row['stages']} stages; working copy made once in {copies_s:.1f} s)" if measure_name == "randomization" else ""
         print(f"{name:>10} {measure_name:>13}  {t_trust / n:7.3f} s/image  x{t_trust / t_native:6.1f} the native pass  "
               f"{pairs / n:.1f} pairs/image{extra}", flush=True)
         del run

@@ -6,6 +6,7 @@ an input-only map fails the randomization test, a gradient map passes it."""
 from __future__ import annotations
 
 import json
+from itertools import islice
 
 import pytest
 import torch
@@ -17,11 +18,13 @@ import xbench_pl
 import radzero_reference
 from fixture_models import LinearIntensityModel
 from test_explainers_families import FAMILIES, builders  # noqa: F401  (builders: the tiny models' fixture)
-from xbench_pl.metrics.trust import passes_randomization, random_pair_baseline, ssim
+from xbench_pl.metrics.functional import normalize_saliency
+from xbench_pl.metrics.trust import passes_randomization, random_pair_baseline, spearman, ssim
+from xbench_pl.metrics.trust_mode import value_columns
 from xbench_pl.models.baselines import UniformBaseline
 from xbench_pl.models.biovil import BioViL
 from xbench_pl.models.radzero import RadZero
-from xbench_pl.models.randomization import (INIT_STD, cascade, cascade_stages, detached_copy, parameter_names,
+from xbench_pl.models.randomization import (INIT_STD, Cascade, cascade_stages, detached_copy, parameter_names,
                                            randomized_copy)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*RANDOM weights:UserWarning")
@@ -144,15 +147,65 @@ def test_each_stage_randomizes_exactly_its_modules_cumulatively(build, name):
     assert all(len(cache) for cache in model.embedding_caches())
 
 
-def test_cascade_walks_every_stage_on_one_copy_as_randomized_copy_does(build):
-    model = build("devide")
-    seen = []
-    for index, (stage, randomized) in enumerate(cascade(model, seed=2)):
-        seen.append(randomized)
-        expected = parameters(randomized_copy(model, index, seed=2))
-        assert stage == STAGES["devide"][index]
-        assert all(torch.equal(p, expected[n]) for n, p in randomized.named_parameters())
-    assert len(seen) == len(STAGES["devide"]) and all(m is seen[0] for m in seen)
+def test_cascade_walks_every_stage_on_one_copy_as_randomized_copy_does_every_time(build):
+    """Walked twice (the second walk starts from the trained weights again), the one working copy has each stage's
+    weights and buffers as ``randomized_copy`` gives them: BatchNorm's statistics (KAD's ResNet), which its init
+    resets, come back from the model too."""
+    model = build("kad")
+    perturbed_parameters(model)
+    with torch.no_grad():
+        for buffer in model.buffers():
+            if buffer.is_floating_point():
+                buffer.add_(0.5)  # trained statistics, away from the init's zeros and ones
+    expected = [randomized_copy(model, index, seed=2).state_dict() for index in range(len(STAGES["kad"]))]
+    walk, seen = Cascade(model, seed=2), []
+    for _ in range(2):
+        for index, stage, randomized in walk:
+            seen.append(randomized)
+            assert stage == STAGES["kad"][index]
+            assert all(torch.equal(v, expected[index][k]) for k, v in randomized.state_dict().items()), stage
+    assert len(seen) == 2 * len(STAGES["kad"]) and all(m is seen[0] for m in seen)
+
+
+def demo_batches(model, count: int = 2) -> list:
+    """The first ``count`` batches (two demo images each) as ``model``'s preprocessing makes them, a 32-pixel eval grid."""
+    data = xbench_pl.create_datamodule("demo", preprocess=model.preprocess, batch_size=2, num_workers=0, eval_size=32)
+    data.setup("test")
+    return list(islice(data.test_dataloader(), count))
+
+
+@pytest.mark.parametrize("name, explainer", [("clip", "gradcam"), ("carzero", "native")])
+def test_the_walked_cascade_measures_what_a_copy_per_stage_measured(build, name, explainer):
+    """``TrustRun`` walks one working copy down the cascade at every batch. A copy per stage (``randomized_copy``: what
+    a run held before) gives the same maps and bit-identical SSIM and Spearman values, batch after batch; each stage
+    encodes its texts once per run, as its own copy did (CLIP's text tower runs at the first batch only)."""
+    model = build(name, explainer=explainer, trust="randomization")
+    run, batches, stages = model.trust_run, demo_batches(model), len(cascade_stages(model))
+    copies = [randomized_copy(model, index, seed=0) for index in range(stages)]
+    columns = value_columns(stages)
+    text_forwards = []
+    with torch.inference_mode():
+        for batch in batches:
+            output = model.batch_output(batch)
+            if name == "clip" and not text_forwards:  # the trained model's texts encoded: only the walk's from here on
+                model.model.token_embedding.register_forward_hook(lambda *_: text_forwards.append(1))
+                text_forwards.append(0)
+            measured = run.measure(model, batch, output, model.normalize)
+            sample, cls = measured["sample"], measured["cls"]
+            assert sample.numel() > 0
+            raw = run.eval_maps(output.saliency, batch, sample, cls).float()
+            maps = normalize_saliency(raw, model.normalize)
+            for index, (walked, randomized) in enumerate(zip(run.randomized(model), copies, strict=True)):
+                theirs = randomized.map_output(batch).promoted().saliency
+                assert torch.equal(walked.map_output(batch).promoted().saliency, theirs), index
+                other = run.eval_maps(theirs, batch, sample, cls).float()
+                expected = {"ssim": ssim(maps, normalize_saliency(other, model.normalize)), "spearman": spearman(raw, other),
+                            "spearman_abs": spearman(raw, other, absolute=True)}
+                for value, tensor in expected.items():
+                    got = measured["values"][:, columns.index(f"stage{index}_{value}")]
+                    assert torch.equal(got.nan_to_num(7.0), tensor.double().nan_to_num(7.0)), (index, value)
+    if name == "clip":
+        assert sum(text_forwards) == stages  # once per stage (a text batch each), not once per stage and batch
 
 
 def test_a_copy_made_in_inference_mode_can_be_explained_with_gradients(build):

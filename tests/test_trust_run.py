@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
 from test_cli import in_process, one_and_two_processes, warm_process
 from test_open_clip_models import TINY_CLIP, write_config
+import xbench_pl
 from xbench_pl.data.nih_bbox import DemoDataModule
 from xbench_pl.models.base import ZeroShotModel
 from xbench_pl.metrics.trust import PAIRS_PER_MAP, random_pair_baseline
@@ -185,3 +189,40 @@ def test_a_run_resumed_from_a_store_refuses_the_trust_measures(tmp_path):
     assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--model.trust" in errors[0] and "--predictions" in errors[0], resumed.stderr[-2000:]
+
+
+def parameter_copies(model) -> float:
+    """The parameters held by ``model`` and every live copy of it (a module carrying its ``probe`` mark), in units of
+    the model's own: the distinct storages' bytes over the model's."""
+    def held(modules) -> int:
+        return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for m in modules for p in m.parameters()}.values())
+
+    copies = [obj for obj in gc.get_objects() if type(obj) is type(model) and getattr(obj, "probe", None) == model.probe]
+    return held(copies) / held([model])
+
+
+def test_randomization_holds_two_copies_of_the_weights_however_many_stages_and_says_its_cost(tmp_path, capsys):
+    """A tiny CLIP of ViT-B/16's depth (15 stages) measured through every stage on two batches: at each batch's last
+    stage the model and its copies hold two models' parameters (a copy per stage held 16); after the first batch one line
+    says what randomization costs per batch and in all."""
+    architecture = write_config(tmp_path / "clip12.json", {**TINY_CLIP, "vision_cfg": {**TINY_CLIP["vision_cfg"], "layers": 12}})
+    model = xbench_pl.create_model("clip", architecture=architecture, random_init=True, trust="randomization", bootstrap=0)
+    model.probe = f"probe-{id(model)}"  # deep copies keep it (a string is copied by reference)
+    stages, visual, held, passes = len(model.trust_run.stage_names(model)), model.model.visual, [], []
+
+    def count(module, inputs, output):
+        if module is not visual:  # a randomized copy's pass (the trained model's own is the native map)
+            passes.append(1)
+            if len(passes) % stages == 0:
+                held.append(parameter_copies(model))
+
+    visual.register_forward_hook(count)
+    data = xbench_pl.create_datamodule("demo", split_file=demo_split(tmp_path, 2), eval_size=32, batch_size=1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.test(model, datamodule=data, verbose=False)
+    assert stages == 15 and len(passes) == 2 * stages
+    assert len(held) == 2 and max(held) <= 2, held
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trust randomization:")]
+    assert len(lines) == 1 and re.fullmatch(r"trust randomization: 15 stages, ~\d+\.\d s per batch, ~\d+\.\d min in all "
+                                            r"\(2 batches\)", lines[0]), lines
+    assert model.trust_run.walk is None  # the working copy is dropped at the end of the run

@@ -83,7 +83,12 @@ def spearman(x: torch.Tensor, y: torch.Tensor, absolute: bool = False) -> torch.
     x, y = x.flatten(1), y.flatten(1)
     if absolute:
         x, y = x.abs(), y.abs()
-    rx, ry = ranks(x), ranks(y)
+    return rank_correlation(ranks(x), ranks(y))
+
+
+def rank_correlation(rx: torch.Tensor, ry: torch.Tensor) -> torch.Tensor:
+    """Pearson's correlation ``[N]`` of rank rows ``rx``, ``ry`` ``[N, P]`` (``ranks``): ``spearman``'s last step, for a
+    caller that ranks one side once for many comparisons. NaN where a row is constant."""
     rx, ry = rx - rx.mean(1, keepdim=True), ry - ry.mean(1, keepdim=True)
     denominator = (rx.square().sum(1) * ry.square().sum(1)).sqrt()
     correlation = (rx * ry).sum(1) / denominator

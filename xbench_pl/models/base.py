@@ -92,7 +92,7 @@ class ZeroShotModel(Judge, L.LightningModule):
             (the model's normalisation mean, i.e. 0 in model-input space).
         trust_blur_sigma: the Gaussian blur's sigma in model-input pixels (``trust_baseline=blur``).
         trust_stages: the randomization stages measured: ``all`` (the curve) or ``last`` (the full cascade only:
-            one randomized copy instead of one per stage).
+            one explainer pass per batch instead of one per stage; either way one working copy of the weights).
         trust_pairs: ``regions`` (each finding with a region) or ``all`` (every finding of every image).
         trust_fraction: the share of the images measured, a seeded sample by image id (``trust_run.sampled``).
     """
@@ -301,7 +301,7 @@ class ZeroShotModel(Judge, L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.results = {name: metrics.compute() for name, metrics in self.benchmark.items()}  # synced on every rank
         if self.trust_run is not None:
-            self.trust_run.copies = []  # the randomized copies are for this run's batches only
+            self.trust_run.release()  # the randomized working copy is for this run's batches only
         self.curves = {name: metrics.curves for name, metrics in self.benchmark.items()}  # for plots (callbacks)
         # straight to the loggers (W&B, CSV, ...), from rank zero, in float64: these numbers are already
         # synced, so Lightning's self.log (which would cast to float32 and ask for sync_dist) is not used

@@ -8,23 +8,26 @@ with ``container.child`` (``"image {}"`` -> ``image layer4.2``). Names a model l
 serves a family's layouts (open_clip's own ViT and timm's, ResNet and ViT towers); every parameter of the model must
 fall in exactly one stage (``cascade_stages`` checks), so a layout the declaration misses fails, never half-randomizes.
 
-``randomized_copy(model, upto, seed)`` re-initialises stages 0..upto of a copy (``cascade(model, seed)`` yields every
-stage in turn on one copy, the cheaper way through them all): each module by its own init
-(``reset_parameters``, or ``_reset_parameters`` for ``nn.MultiheadAttention``), and the parameters no module init
-covers (class tokens, position embeddings, projections, layer scales, temperatures) from N(0, 0.02²), the ViT/BERT
-initializer (timm's ``trunc_normal_(std=.02)``, transformers' ``initializer_range``). Stage i draws from seed
-``seed + i`` (Quantus's MPRT draws every layer from ``seed + 1``: same-shaped blocks got the same weights), so a
-stage's weights are the same in every later copy: the cascade is cumulative and repeatable.
+``randomized_copy(model, upto, seed)`` re-initialises stages 0..upto of a copy (``Cascade(model, seed)`` walks every
+stage in turn on one working copy, as often as asked: what a run measuring every stage on every batch uses): each
+module by its own init (``reset_parameters``, or ``_reset_parameters`` for ``nn.MultiheadAttention``), and the
+parameters no module init covers (class tokens, position embeddings, projections, layer scales, temperatures) from
+N(0, 0.02²), the ViT/BERT initializer (timm's ``trunc_normal_(std=.02)``, transformers' ``initializer_range``).
+Stage i draws from seed ``seed + i`` (Quantus's MPRT draws every layer from ``seed + 1``: same-shaped blocks got the
+same weights), so a stage's weights are the same in every later copy and every walk: the cascade is cumulative and
+repeatable.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from itertools import islice
+from itertools import chain
 
 import torch
 from torch import nn
+
+from xbench_pl.models.prompts import EmbeddingCache
 
 #: the standard deviation of the parameters no module init covers (ViT/BERT's initializer)
 INIT_STD = 0.02
@@ -140,35 +143,65 @@ def detached_copy(model: nn.Module) -> nn.Module:
 
 
 def randomize_stage(model: nn.Module, index: int, names: list[str], seed: int) -> None:
-    """Stage ``index`` (``names``) of ``model`` re-initialised in place from seed ``seed + index``, the caller's random
-    stream untouched; cached text/query embeddings cleared where they follow the weights (``CACHES_FOLLOW_WEIGHTS``:
-    MedKLIP's come from a text encoder outside the model and stay)."""
+    """Stage ``index`` (``names``) of ``model`` re-initialised in place from seed ``seed + index`` (the same values
+    every time), the caller's random stream untouched."""
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with torch.inference_mode(False), torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed + index)
         for name in names:
             reinitialise(model, name)
-    if getattr(model, "CACHES_FOLLOW_WEIGHTS", False):
-        model.clear_caches()
 
 
-def cascade(model: nn.Module, seed: int) -> Iterator[tuple[str, nn.Module]]:
-    """The cascade on one copy of ``model`` (untouched): yields ``(stage name, copy)`` after each stage, the same copy
-    randomized one stage further each time (in eval mode), equal to ``randomized_copy(model, i, seed)`` at stage i.
-    One copy for the whole cascade: what a pass over every stage should use."""
-    stages = cascade_stages(model)
-    randomized = detached_copy(model).eval()
-    for index, (stage, names) in enumerate(stages):
-        randomize_stage(randomized, index, names, seed)
-        yield stage, randomized
+def restore_weights(working: nn.Module, model: nn.Module) -> None:
+    """``working``'s parameters and buffers (BatchNorm's statistics too) set back to ``model``'s, in place: no new
+    memory."""
+    trained = dict(chain(model.named_parameters(), model.named_buffers()))
+    with torch.inference_mode(False), torch.no_grad():
+        for name, tensor in chain(working.named_parameters(), working.named_buffers()):
+            tensor.copy_(trained[name])
+
+
+class Cascade:
+    """``model``'s cascade (stages 0..``last``, default all) on one working copy (``detached_copy``, in eval mode;
+    ``model`` untouched), walked as often as asked. Each walk (``iter``) sets the copy back to ``model``'s weights
+    (``restore_weights``), then re-initialises stage after stage (``randomize_stage``) and yields ``(index, stage name,
+    copy)`` after each, the copy's weights then ``randomized_copy(model, index, seed)``'s. Two copies of the weights
+    at any time, ``model``'s and the working one, however many stages: a copy per stage would hold them all.
+
+    Where the cached text/query embeddings follow the weights (``CACHES_FOLLOW_WEIGHTS``), each stage has caches of
+    its own on the copy, empty at first and kept from walk to walk (a stage's weights are the same in every walk), so
+    a randomized text tower takes effect and each stage encodes a text once per run. A model whose caches do not follow
+    its weights (MedKLIP's come from a text encoder outside the model) keeps the copy's one set."""
+
+    def __init__(self, model: nn.Module, seed: int, last: int | None = None):
+        self.model, self.seed = model, seed
+        stages = cascade_stages(model)
+        self.stages = stages if last is None else stages[:last + 1]
+        self.copy = detached_copy(model).eval()
+        follows = getattr(model, "CACHES_FOLLOW_WEIGHTS", False)
+        self.empty_caches = {name: value for name, value in vars(self.copy).items()
+                             if follows and isinstance(value, EmbeddingCache)}  # attribute -> a cleared cache
+        for cache in self.empty_caches.values():
+            cache.clear()
+        self.stage_caches: list[dict[str, EmbeddingCache]] = []  # per stage walked: its caches
+
+    def __iter__(self) -> Iterator[tuple[int, str, nn.Module]]:
+        restore_weights(self.copy, self.model)
+        for index, (stage, names) in enumerate(self.stages):
+            randomize_stage(self.copy, index, names, self.seed)
+            if index == len(self.stage_caches):
+                self.stage_caches.append({name: copy.deepcopy(cache) for name, cache in self.empty_caches.items()})
+            vars(self.copy).update(self.stage_caches[index])
+            yield index, stage, self.copy
 
 
 def randomized_copy(model: nn.Module, upto: int, seed: int) -> nn.Module:
     """A copy of ``model`` (untouched) with cascade stages 0..``upto`` re-initialised (stage i from seed
-    ``seed + i``), in eval mode, its cached text/query embeddings cleared so randomized text towers take effect
+    ``seed + i``), in eval mode, its cached text/query embeddings empty so randomized text towers take effect
     (those of a model whose caches do not follow its weights, ``CACHES_FOLLOW_WEIGHTS``, are kept)."""
     count = len(cascade_stages(model))
     if not 0 <= upto < count:
         raise ValueError(f"randomized_copy: upto must be in [0, {count - 1}] for {type(model).__name__}'s "
                          f"{count} stages, got {upto}")
-    return next(islice(cascade(model, seed), upto, None))[1]
+    *_, (_, _, randomized) = Cascade(model, seed, last=upto)  # one walk, to stage upto
+    return randomized

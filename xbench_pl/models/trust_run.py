@@ -4,10 +4,14 @@ For every counted (image, finding) pair with a region (every finding of every co
 ``trust_pairs="all"``), in a seeded sample of the images (``trust_fraction``), ``TrustRun.measure`` gives:
 
 * ``randomization``: per stage of the model's cascade (``models.randomization.cascade_stages``; ``trust_stages="last"``:
-  the full cascade only), the map of a randomized copy (``randomized_copy``, made once per run, through the same
-  explainer: ``batch_output``) against the trained model's, both on the eval grid: SSIM of the maps normalised as the
-  benchmark normalises them (``normalize``), Spearman's rank correlation of the raw maps with and without absolute
-  values (Adebayo et al.; a per-map min-max normalisation would not change the ranks, the absolute values would);
+  the full cascade only), the map of the model randomized down to that stage (through the same explainer:
+  ``map_output``) against the trained model's, both on the eval grid: SSIM of the maps normalised as the benchmark
+  normalises them (``normalize``), Spearman's rank correlation of the raw maps with and without absolute values
+  (Adebayo et al.; a per-map min-max normalisation would not change the ranks, the absolute values would). One
+  working copy of the model, made at the first batch, walks the cascade at every batch (``randomization.Cascade``:
+  set back to the trained weights, then randomized stage after stage, stage k's weights ``randomized_copy(model, k,
+  seed)``'s): two copies of the weights in memory however many stages, and one map pass per measured stage and batch.
+  After the first batch a line says what randomization will cost the run;
 * ``deletion`` / ``insertion``: the area under the curve of the finding's target (the model's logit where it gives
   one, else its score: ``explainer_forward``) as the most relevant pixels of its map (upsampled to the model input)
   are replaced by the baseline in ``trust_steps`` steps, or inserted into it (``metrics.trust.perturbation_curve``:
@@ -23,13 +27,16 @@ measure the same pairs.
 
 from __future__ import annotations
 
-import copy
 import hashlib
+import math
+import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
+from xbench_pl.console import note
 from xbench_pl.geometry import warp_to_eval_grid
 from xbench_pl.metrics.functional import normalize_saliency
 from xbench_pl.metrics.trust_mode import value_columns
@@ -80,7 +87,7 @@ class TrustRun:
         self.seed, self.steps, self.baseline, self.blur_sigma = int(seed), int(steps), baseline, float(blur_sigma)
         self.stages, self.pairs, self.fraction = stages, pairs, float(fraction)
         self.cascade: list[tuple[str, int]] | None = None  # (stage name, its index in the model's cascade)
-        self.copies: list = []  # the randomized copies, made at the first batch
+        self.walk = None  # the randomization.Cascade of the run's working copy, made at the first batch (release)
 
     # -- what runs --------------------------------------------------------------------------
     def stage_names(self, model) -> list[str]:
@@ -104,20 +111,33 @@ class TrustRun:
                 "pairs": self.pairs,
                 "sample": {"fraction": self.fraction, "rule": "blake2b(f'{seed}:{image_id}') / 2**64 < fraction"}}
 
-    def randomized(self, model) -> list:
-        """The randomized copies, one per measured stage, made once per run (``randomization.cascade``: stage k's
-        copy equals ``randomized_copy(model, k, seed)``), outside inference mode (the explainers take gradients)."""
-        measured = [index for _, index in self.measured_stages(model)]
-        if not self.copies and measured:
-            from xbench_pl.models.randomization import cascade
+    def randomized(self, model) -> Iterator:
+        """The working copy at each measured stage in turn, one walk down the cascade (``randomization.Cascade``, made
+        at the first batch outside inference mode: the explainers take gradients through it). Its weights at stage k
+        are ``randomized_copy(model, k, seed)``'s; it is the next stage's at the next step."""
+        measured = {index for _, index in self.measured_stages(model)}
+        if not measured:
+            return
+        if self.walk is None:
+            from xbench_pl.models.randomization import Cascade
 
-            with torch.inference_mode(False):  # one walk down the cascade; a snapshot kept at each measured stage
-                for index, (_, randomized) in enumerate(cascade(model, self.seed)):
-                    if index in measured:
-                        self.copies.append(randomized if index == measured[-1] else copy.deepcopy(randomized))
-                    if index == measured[-1]:
-                        break
-        return self.copies
+            self.walk = Cascade(model, self.seed, last=max(measured))
+        for index, _, randomized in self.walk:
+            if index in measured:
+                yield randomized
+
+    def release(self) -> None:
+        """Drop the working copy at the end of a run (the next run makes its own and says its cost again)."""
+        self.walk = None
+
+    def announce(self, model, seconds: float) -> None:
+        """One line (rank zero) after the first batch that walked the cascade: its time, and that times the run's
+        batches (where the trainer knows them)."""
+        stages = len(self.measured_stages(model))
+        trainer = getattr(model, "_trainer", None)
+        batches = sum(getattr(trainer, "num_test_batches", None) or [])
+        total = f", ~{seconds * batches / 60:.1f} min in all ({batches} batches)" if 0 < batches < math.inf else ""
+        note(f"trust randomization: {stages} stage{'s' * (stages != 1)}, ~{seconds:.1f} s per batch{total}")
 
     # -- one batch --------------------------------------------------------------------------
     def chosen_pairs(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,13 +188,21 @@ class TrustRun:
         with no_autocast(device):
             raw = self.eval_maps(output.saliency, batch, sample, cls).float()
             maps = normalize_saliency(raw, normalize)
-        for i, randomized_model in enumerate(self.randomized(model)):
-            randomized = randomized_model.map_output(batch).promoted()  # (no boxes generated: only the maps are compared)
-            with no_autocast(device):
-                other = self.eval_maps(randomized.saliency, batch, sample, cls).float()
-                values[:, columns[f"stage{i}_ssim"]] = trust.ssim(maps, normalize_saliency(other, normalize)).double().cpu()
-                values[:, columns[f"stage{i}_spearman"]] = trust.spearman(raw, other).double().cpu()
-                values[:, columns[f"stage{i}_spearman_abs"]] = trust.spearman(raw, other, absolute=True).double().cpu()
+        if stages:
+            first = self.walk is None
+            started = time.perf_counter()
+            with no_autocast(device):  # the trained maps ranked once for every stage (spearman's two sides)
+                trained_ranks = trust.ranks(raw.flatten(1)), trust.ranks(raw.flatten(1).abs())
+            for i, randomized_model in enumerate(self.randomized(model)):
+                randomized = randomized_model.map_output(batch).promoted()  # (no boxes generated: only the maps are compared)
+                with no_autocast(device):
+                    other = self.eval_maps(randomized.saliency, batch, sample, cls).float()
+                    values[:, columns[f"stage{i}_ssim"]] = trust.ssim(maps, normalize_saliency(other, normalize)).double().cpu()
+                    ranked = trust.ranks(other.flatten(1)), trust.ranks(other.flatten(1).abs())
+                    values[:, columns[f"stage{i}_spearman"]] = trust.rank_correlation(trained_ranks[0], ranked[0]).double().cpu()
+                    values[:, columns[f"stage{i}_spearman_abs"]] = trust.rank_correlation(trained_ranks[1], ranked[1]).double().cpu()
+            if first:  # the values are on the CPU: the device's work is done
+                self.announce(model, time.perf_counter() - started)
         for measure in ("deletion", "insertion"):
             if measure in self.measures:
                 values[:, columns[f"{measure}_auc"]] = self.perturbation_aucs(model, batch, output, sample, cls,
