@@ -80,6 +80,7 @@ def test_chosen_columns_and_unknown_keys(tmp_path, capsys):
 
 @pytest.mark.parametrize("source", ["--predictions", "--maps"])
 def test_score_refuses_an_unknown_column(tmp_path, capsys, source):
+    (tmp_path / "manifest.json").write_text("{}")  # a store's (a folder without one is named first: it is no store)
     assert main(["score", source, str(tmp_path), "--data", "demo", "--columns", "pointing_game,pg"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --columns: unknown key 'pg'; give all or keys among: pointing_game,") and err.count("\n") == 1
