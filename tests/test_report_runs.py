@@ -183,6 +183,17 @@ def test_a_models_runs_on_other_datasets_are_one_row(tmp_path):
                                                            ("kad [gradcam]", "kad"), ("kad", "kad")]
 
 
+def test_table1_lists_the_papers_models_in_its_order(tmp_path):
+    """Sweep folders come in parameter order (kad before medklip); Table 1 prints the paper's order (MedKLIP, then
+    KAD), a model the paper lacks after them."""
+    for i, model in enumerate(("kad", "medklip", "chexzero")):
+        paper_sweep_run(tmp_path / "sweep", model, "demo", 70 + i)
+    assert cli_main(["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    table1 = md.split("## Grounding per dataset and model", 1)[1].split("\n## ", 1)[0]
+    assert [row[0] for table in _table_blocks(table1) for row in table[1:]] == ["medklip", "kad", "chexzero"]
+
+
 def test_runs_of_one_dataset_that_differ_in_data_keep_it_in_their_label(tmp_path):
     """Runs over the same dataset that differ in a data setting (an eval grid size) are two settings, not one model."""
     for size in (256, 512):
