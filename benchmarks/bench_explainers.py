@@ -1,9 +1,17 @@
 """What does an explainer cost? Per model and explainer: time and peak memory per image, relative to the
-native forward (``zero_shot``) on the same batch. Random weights in each model's released architecture.
+native forward (``zero_shot``) on the same batch and to the method's floor. Random weights in each model's released
+architecture.
+
+The floor of a method is what it cannot do without: its own forward (the one that exposes what it reads: a CAM's
+hooked forward, the explicit attention of rollout and Chefer), plus, for a method with a target, ONE backward over all
+findings at once (``torch.autograd.grad(..., is_grads_batched=True)``: the backward vmapped over the C one-hot
+cotangents) from the targets to the tensors it reads (the CAM's layer; every attention probability for Chefer).
+Nothing else: no map arithmetic, no second forward. ``time_ratio`` is the explainer's time over the native forward's,
+``floor_ratio`` over the floor's.
 
 For each model (built once, full size) and each explainer: ``model.explained(batch, findings)`` under
 inference mode, as ``test_step`` runs it, on the demo's first images with the 14 ChestX-ray14 findings. Times are the best of
-``--repeats`` runs, interleaved with the native forward's (a shared machine's load hits both alike); the
+``--repeats`` runs, interleaved with the native forward's and the floor's (a shared machine's load hits all alike); the
 native forward is measured with the model's own caches warm, as in a run. Peak memory, in a separate pass
 (the sampler costs time), is the most resident memory (RSS, sampled every millisecond) above what the process
 held before the call: what the explainer needs beyond what a native run already holds. Every explainer's
@@ -15,7 +23,8 @@ prints the RSS after each 10 % of them: it must stay flat (no graph or activatio
 Run: ``python benchmarks/bench_explainers.py [--models clip biomedclip medklip mavl kad_224 devide carzero]
 [--explainers gradcam hirescam ...] [--batch 4] [--repeats 2] [--leak 1000] [--device cuda]``. Text encoders and
 tokenizers are the test suite's stand-ins in the released layouts (none is available here); the text side
-is cached either way, so they do not enter the ratios.
+is cached either way, so they do not enter the ratios. On a shared CPU, ``OMP_NUM_THREADS=1`` keeps the times steady
+(with two threads every operator waits for the second to be scheduled).
 """
 
 from __future__ import annotations
@@ -137,6 +146,29 @@ def peak_memory(fn, device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - start
 
 
+def floor(model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor | None, ...]:
+    """The floor of ``model``'s explainer (see the module docstring): its forward, and one batched backward over every
+    finding from the targets to what the method reads. Returns those gradients, ``[C, B, ...]`` per tensor read (None
+    for an attention no target reads; nothing for the methods without a target)."""
+    from xbench_pl.explainers.cams import CAMExplainer
+
+    explainer = model.explainer_method
+    with torch.inference_mode(False):
+        model.thaw_caches()
+        images = images.clone()
+        if isinstance(explainer, CAMExplainer):
+            activation, _, targets = explainer.activations(model, images, classes)
+            read = [activation] if explainer.uses_gradients else []
+        else:
+            tower, decoder, _, targets = explainer.recorded(model, images, classes)
+            read = [p for p in tower + [p for pair in decoder for p in pair] if p is not None and p.requires_grad]
+        if not read:
+            return ()
+        count = targets.shape[1]
+        cotangents = torch.eye(count, dtype=targets.dtype, device=targets.device)[:, None].expand(count, *targets.shape)
+        return torch.autograd.grad(targets, read, cotangents, is_grads_batched=True, allow_unused=True)
+
+
 def measure(name: str, options: dict, explainers: list[str] | None, batch: int, repeats: int,
             device: torch.device = torch.device("cpu")) -> list[dict]:
     with warnings.catch_warnings():
@@ -152,15 +184,18 @@ def measure(name: str, options: dict, explainers: list[str] | None, batch: int, 
         model.attach_explainer()
         run_native = on_device(lambda: model.zero_shot(images, CXR14), device)
         run_explained = on_device(lambda: check(model.explained(images, CXR14), batch), device)
+        run_floor = on_device(lambda: floor(model, images, CXR14), device)
         with torch.inference_mode():
-            t_native, t_explained = best_of_interleaved(repeats, run_native, run_explained)
+            t_native, t_explained, t_floor = best_of_interleaved(repeats, run_native, run_explained, run_floor)
             # apart from the times: the CPU's sampler costs time
             m_native, m_explained = peak_memory(run_native, device), peak_memory(run_explained, device)
         rows.append({"model": name, "explainer": explainer, "layer": model.explainer_info["target_layer"],
                      "native_s_per_image": t_native / batch, "s_per_image": t_explained / batch,
-                     "time_ratio": t_explained / t_native, "native_peak_mb": m_native / 2**20,
+                     "time_ratio": t_explained / t_native, "floor_s": t_floor / batch, "floor_ratio": t_explained / t_floor,
+                     "native_peak_mb": m_native / 2**20,
                      "peak_mb": m_explained / 2**20, "memory_ratio": m_explained / max(m_native, 1)})
         print(f"{name:>10} {explainer:>9}  {t_explained / batch:7.3f} s/image  x{t_explained / t_native:5.2f} time   "
+              f"floor {t_floor / batch:7.3f} s/image  x{t_explained / t_floor:5.2f} floor   "
               f"peak +{m_explained / 2**20:7.0f} MB (native +{m_native / 2**20:5.0f} MB)", flush=True)
     return rows
 

@@ -29,28 +29,35 @@ from xbench_pl.explainers.towers import Tower, query_decoder, recorded_attention
 
 
 def rollout(probabilities: list[torch.Tensor]) -> torch.Tensor:
-    """``[B, T, T]`` attention rollout of per-block probabilities ``[B, heads, T, T]`` (input to output)."""
+    """``[B, T, T]`` attention rollout of per-block probabilities ``[B, heads, T, T]`` (input to output). The first
+    block's product with the identity is skipped (exact: one term per sum), here and in ``self_relevance``."""
     eye = torch.eye(probabilities[0].shape[-1], dtype=torch.float64, device=probabilities[0].device)
-    relevance = eye.expand_as(probabilities[0][:, 0])
+    relevance = None
     for probs in probabilities:
         mixed = 0.5 * (probs.double().mean(dim=1) + eye)
-        relevance = (mixed / mixed.sum(dim=-1, keepdim=True)) @ relevance
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        relevance = mixed if relevance is None else mixed @ relevance
     return relevance
 
 
 def head_relevance(probs: torch.Tensor, gradient: torch.Tensor | None) -> torch.Tensor:
-    """``Ā = mean_heads(ReLU(∇A ⊙ A))`` ``[B, L, S]`` (a gradient of None: the target does not read this attention)."""
+    """``Ā = mean_heads(ReLU(∇A ⊙ A))`` ``[B, L, S]`` (a gradient of None: the target does not read this attention).
+    The product in float64, exact for float32 factors, in place on the gradient's float64 copy (``probs`` is promoted
+    inside the kernel, not copied): no other tensor of the attention's size is made."""
     if gradient is None:
         return torch.zeros_like(probs[:, 0], dtype=torch.float64)
-    return (gradient.double() * probs.double()).clamp(min=0).mean(dim=1)
+    return gradient.to(torch.float64, copy=True).mul_(probs).clamp_(min=0).mean(dim=1)
 
 
 def self_relevance(probabilities: list[torch.Tensor], gradients: list[torch.Tensor | None]) -> torch.Tensor:
     """``R_ii [B, T, T]`` of a ViT tower by rule 6."""
-    relevance = torch.eye(probabilities[0].shape[-1], dtype=torch.float64, device=probabilities[0].device)
-    relevance = relevance.expand_as(probabilities[0][:, 0])
+    relevance = None
     for probs, gradient in zip(probabilities, gradients):
-        relevance = relevance + head_relevance(probs, gradient) @ relevance
+        mixed = head_relevance(probs, gradient)
+        if relevance is None:
+            relevance = torch.eye(mixed.shape[-1], dtype=torch.float64, device=mixed.device) + mixed
+        else:
+            relevance = relevance + mixed @ relevance
     return relevance
 
 
@@ -62,18 +69,26 @@ def normalized(relevance: torch.Tensor) -> torch.Tensor:
     return torch.where(sums > 0, residual / sums.clamp(min=torch.finfo(sums.dtype).tiny), 0) + eye
 
 
-def decoder_relevance(image: torch.Tensor, layers: list[tuple]) -> torch.Tensor:
-    """``R_ti [B, Q, M]`` through a query decoder: ``image`` = ``R_ii [B, M, M]`` over its memory tokens;
-    ``layers`` = per layer ``(self_probs, self_grad, cross_probs, cross_grad)`` (self None without self-attention)."""
+def decoder_relevance(image: torch.Tensor | None, layers: list[tuple]) -> torch.Tensor:
+    """``R_ti [B, Q, M]`` through a query decoder: ``image`` = ``R_ii [B, M, M]`` over its memory tokens (None: the
+    identity, a ResNet's tokens); ``layers`` = per layer ``(self_probs, self_grad, cross_probs, cross_grad)`` (self None
+    without self-attention). A product with ``R_tt`` while it is the identity, with ``R_ti`` while it is zero, or with
+    an identity ``R_ii`` is skipped: each of its sums has one term, so the result is the full rules' bit for bit."""
     batch, queries, tokens = layers[0][2].shape[0], layers[0][2].shape[2], layers[0][2].shape[3]
-    text = torch.eye(queries, dtype=torch.float64, device=image.device).expand(batch, queries, queries)
-    text_image = torch.zeros(batch, queries, tokens, dtype=torch.float64, device=image.device)
-    image = normalized(image)
+    text = None  # R_tt, the identity until the first self-attention
+    text_image = torch.zeros(batch, queries, tokens, dtype=torch.float64, device=layers[0][2].device)
+    image = None if image is None else normalized(image)
     for self_probs, self_grad, cross_probs, cross_grad in layers:
         if self_probs is not None:
             mixed = head_relevance(self_probs, self_grad)
-            text, text_image = text + mixed @ text, text_image + mixed @ text_image
-        text_image = text_image + normalized(text).transpose(1, 2) @ head_relevance(cross_probs, cross_grad) @ image
+            if text is None:  # Ā R_tt = Ā; Ā R_ti = 0
+                text = torch.eye(queries, dtype=torch.float64, device=mixed.device) + mixed
+            else:
+                text, text_image = text + mixed @ text, text_image + mixed @ text_image
+        cross = head_relevance(cross_probs, cross_grad)
+        if text is not None:  # norm(I) = I
+            cross = normalized(text).transpose(1, 2) @ cross
+        text_image = text_image + (cross if image is None else cross @ image)
     return text_image
 
 
@@ -97,11 +112,17 @@ class RelevanceExplainer:
         self.name, self.tower = name, tower
         self.layer = "decoder" if name == "chefer" and has_decoder else tower.path
 
-    def saliency(self, model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, None]:
-        """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder); no
-        output: the explicit attention's forward is not the native one."""
+    def decoder_sites(self, model) -> list[tuple]:
+        """``(self_attn, multihead_attn)`` per layer of the query decoder that ``chefer`` follows (none for ``rollout``)."""
         decoder = query_decoder(model) if self.name == "chefer" else None
-        decoder_sites = [] if decoder is None else [(layer.self_attn, layer.multihead_attn) for layer in decoder.layers]
+        return [] if decoder is None else [(layer.self_attn, layer.multihead_attn) for layer in decoder.layers]
+
+    def recorded(self, model, images: torch.Tensor, classes: list[str]) -> tuple[list, list, object, torch.Tensor]:
+        """The forward with explicit attention: the tower's probabilities ``[B, heads, T, T]`` (input to output), the
+        decoder's ``(self, cross)`` per layer (self None without self-attention), the model's output and the targets
+        ``[B, C]``; for ``chefer`` every probability is in the graph of the targets (a leaf where nothing before it needs
+        a gradient)."""
+        decoder_sites = self.decoder_sites(model)
         recorded: dict[int, list[torch.Tensor]] = {}
         differentiable = self.name == "chefer"
 
@@ -119,11 +140,18 @@ class RelevanceExplainer:
             return recorded[id(site)][0] if site is not None else None
 
         with frozen_parameters(model), recorded_attention(sites, recorder):
-            targets = model.explainer_forward(images, classes, grad=differentiable)[1]
-        tower_probs = [first(site) for site in self.tower.blocks]
+            output, targets = model.explainer_forward(images, classes, grad=differentiable)
+        return [first(site) for site in self.tower.blocks], [(first(s), first(c)) for s, c in decoder_sites], output, targets
+
+    def saliency(self, model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, object | None]:
+        """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder), and the
+        model's output where the forward was the native one: with a ResNet tower only the decoder's attention is made
+        explicit, and ``explicit_multihead_forward`` gives what ``nn.MultiheadAttention``'s need_weights path gives, bit
+        for bit (tests); a ViT tower's explicit attention replaces a fused kernel, so the native forward runs again."""
+        tower_probs, decoder_probs, output, targets = self.recorded(model, images, classes)
+        native = None if tower_probs else output
         if self.name == "rollout":
-            return self.class_token_map(rollout(tower_probs), len(classes)), None
-        decoder_probs = [(first(s), first(c)) for s, c in decoder_sites]
+            return self.class_token_map(rollout(tower_probs), len(classes)), native
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
         # the rules read the probabilities as values: detached, no graph grows through 14 findings' relevance
         plain_tower = [p.detach() for p in tower_probs]
@@ -134,18 +162,18 @@ class RelevanceExplainer:
                                             allow_unused=True)
             by_tensor = {id(p): g for p, g in zip(wanted, gradients)}
             tower = self_relevance(plain_tower, gradients[:len(tower_probs)]) if tower_probs else None
-            if decoder is None:
+            if not decoder_probs:
                 maps.append(self.class_token_map(tower, 1)[:, 0])
                 continue
             layers = [(plain_s, by_tensor.get(id(s)), plain_c, by_tensor[id(c)])
                       for (s, c), (plain_s, plain_c) in zip(decoder_probs, plain_decoder)]
             tokens = decoder_probs[0][1].shape[-1]
-            if tower is None:  # a ResNet's tokens are its own
-                tower = torch.eye(tokens, dtype=torch.float64, device=images.device).expand(images.shape[0], tokens, tokens)
-            relevance = decoder_relevance(tower[:, -tokens:, -tokens:], layers)  # memory: the tower's last tokens
+            # memory: the tower's last tokens (a ResNet's are its own: R_ii = I)
+            relevance = decoder_relevance(None if tower is None else tower[:, -tokens:, -tokens:], layers)
             maps.append(model.decoder_maps(relevance, classes, self.patch_grid(tokens))[:, finding])
-        del targets, wanted, tower_probs, decoder_probs, recorded  # the graph goes before the maps are stacked
-        return torch.stack(maps, dim=1).float(), None
+        # the graph goes before the maps are stacked (but for the native output's, which explain() detaches)
+        del targets, wanted, tower_probs, decoder_probs
+        return torch.stack(maps, dim=1).float(), native
 
     def patch_grid(self, tokens: int) -> tuple[int, int]:
         """The grid of a decoder's image memory: the ViT's patch grid, else the (square) feature map of ``tokens``."""

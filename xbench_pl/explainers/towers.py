@@ -82,7 +82,8 @@ def query_decoder(model: nn.Module) -> QueryDecoder | None:
 
 def explicit_multihead_forward(mha: nn.MultiheadAttention, record: Recorder) -> Callable:
     """A forward for ``mha`` (batch-first or sequence-first, self- or cross-attention, no masks) that computes
-    its attention explicitly through ``record``; it returns what ``nn.MultiheadAttention.forward`` returns."""
+    its attention explicitly through ``record``; it returns what ``nn.MultiheadAttention.forward`` returns, and
+    for a sequence-first module (never fused) the same bits on the CPU (test_explainers_cost: Chefer's scores)."""
     if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
         raise ValueError("explainers take nn.MultiheadAttention with packed projections, no bias_k/v, no zero attention")
 

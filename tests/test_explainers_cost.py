@@ -1,0 +1,166 @@
+"""The explainers against their floor (issue 44), on tiny random models of every family: what was cut leaves every map
+bit for bit, and the floor ``bench_explainers`` times computes what the methods read.
+
+* Rollout and Chefer against their rules as computed before the cuts (every product with an identity or zero done,
+  one backward per finding), kept here: ``torch.equal``.
+* Chefer through a ResNet tower (only the decoder's attention made explicit) runs the model once: its forward's scores
+  are the native forward's, bit for bit; through a ViT tower the native forward runs again.
+* The floor's one batched backward gives each finding's gradient of what the method reads.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from test_explainers_families import CLASSES, FAMILIES, family_builders, images_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_explainers import floor  # noqa: E402
+
+#: families whose image tower is a ResNet: Chefer follows their query decoder alone
+RESNET_TOWERS = ("medklip", "mavl", "kad")
+
+
+@pytest.fixture(scope="module")
+def builders(tmp_path_factory):
+    return family_builders(tmp_path_factory.mktemp("families"))
+
+
+# -- the rules as computed before: every product done, each operand in float64 ---------------------------------
+def head_relevance(probs, gradient):
+    if gradient is None:
+        return torch.zeros_like(probs[:, 0], dtype=torch.float64)
+    return (gradient.double() * probs.double()).clamp(min=0).mean(dim=1)
+
+
+def normalized(relevance):
+    eye = torch.eye(relevance.shape[-1], dtype=relevance.dtype)
+    residual = relevance - eye
+    sums = residual.sum(dim=-1, keepdim=True)
+    return torch.where(sums > 0, residual / sums.clamp(min=torch.finfo(sums.dtype).tiny), 0) + eye
+
+
+def full_rollout(probabilities):
+    eye = torch.eye(probabilities[0].shape[-1], dtype=torch.float64)
+    relevance = eye.expand_as(probabilities[0][:, 0])
+    for probs in probabilities:
+        mixed = 0.5 * (probs.double().mean(dim=1) + eye)
+        relevance = (mixed / mixed.sum(dim=-1, keepdim=True)) @ relevance
+    return relevance
+
+
+def full_self_relevance(probabilities, gradients):
+    relevance = torch.eye(probabilities[0].shape[-1], dtype=torch.float64).expand_as(probabilities[0][:, 0])
+    for probs, gradient in zip(probabilities, gradients):
+        relevance = relevance + head_relevance(probs, gradient) @ relevance
+    return relevance
+
+
+def full_decoder_relevance(image, layers):
+    batch, queries, tokens = layers[0][2].shape[0], layers[0][2].shape[2], layers[0][2].shape[3]
+    text = torch.eye(queries, dtype=torch.float64).expand(batch, queries, queries)
+    text_image = torch.zeros(batch, queries, tokens, dtype=torch.float64)
+    image = normalized(image)
+    for self_probs, self_grad, cross_probs, cross_grad in layers:
+        if self_probs is not None:
+            mixed = head_relevance(self_probs, self_grad)
+            text, text_image = text + mixed @ text, text_image + mixed @ text_image
+        text_image = text_image + normalized(text).transpose(1, 2) @ head_relevance(cross_probs, cross_grad) @ image
+    return text_image
+
+
+def reference_maps(model, images: torch.Tensor) -> torch.Tensor:
+    """``[B, C, h, w]``: the explainer's recorded attention through the full rules, one backward per finding."""
+    explainer = model.explainer_method
+    with torch.inference_mode(False):
+        model.thaw_caches()
+        tower_probs, decoder_probs, _, targets = explainer.recorded(model, images.clone(), CLASSES)
+        if explainer.name == "rollout":
+            return explainer.class_token_map(full_rollout(tower_probs), len(CLASSES))
+        wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
+        maps = []
+        for finding in range(len(CLASSES)):
+            gradients = torch.autograd.grad(targets[:, finding].sum(), wanted, retain_graph=True, allow_unused=True)
+            by_tensor = {id(p): g for p, g in zip(wanted, gradients)}
+            plain = [p.detach() for p in tower_probs]
+            tower = full_self_relevance(plain, gradients[:len(tower_probs)]) if tower_probs else None
+            if not decoder_probs:
+                maps.append(explainer.class_token_map(tower, 1)[:, 0])
+                continue
+            layers = [(None if s is None else s.detach(), by_tensor.get(id(s)), c.detach(), by_tensor[id(c)])
+                      for s, c in decoder_probs]
+            tokens = decoder_probs[0][1].shape[-1]
+            if tower is None:
+                tower = torch.eye(tokens, dtype=torch.float64).expand(images.shape[0], tokens, tokens)
+            relevance = full_decoder_relevance(tower[:, -tokens:, -tokens:], layers)
+            maps.append(model.decoder_maps(relevance, CLASSES, explainer.patch_grid(tokens))[:, finding])
+    return torch.stack(maps, dim=1).float()
+
+
+RELEVANCE = [(family, "chefer") for family in FAMILIES] + [(family, "rollout") for family in FAMILIES
+                                                             if family not in RESNET_TOWERS]
+
+
+@pytest.mark.parametrize("family, explainer", RELEVANCE)
+def test_relevance_maps_equal_the_full_rules_bit_for_bit(builders, family, explainer):
+    model = builders(family, explainer=explainer)
+    images = images_for(model)
+    with torch.inference_mode():
+        maps = model.explained(images, CLASSES).saliency
+    expected = reference_maps(model, images)
+    assert float(expected.abs().max()) > 0, f"{family} {explainer}: the reference map is zero everywhere"
+    assert torch.equal(maps, expected), f"{family} {explainer}: max |diff| {float((maps - expected).abs().max()):.3g}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chefer_through_a_resnet_tower_runs_the_model_once(builders, family):
+    """The scores of a run are the native forward's, bit for bit, either way; the native forward runs again only
+    after a ViT tower's explicit attention."""
+    model = builders(family, explainer="chefer")
+    images = images_for(model)
+    with torch.inference_mode():
+        native = model.zero_shot(images, CLASSES)
+        with mock.patch.object(model, "zero_shot", wraps=model.zero_shot) as rerun:
+            explained = model.explained(images, CLASSES)
+    assert rerun.call_count == (0 if family in RESNET_TOWERS else 1)
+    assert torch.equal(explained.scores, native.scores)
+    assert (explained.logits is None) == (native.logits is None)
+    if native.logits is not None:
+        assert torch.equal(explained.logits, native.logits)
+
+
+@pytest.mark.parametrize("family, explainer", [("clip", "gradcam"), ("medklip", "gradcam"), ("carzero", "chefer"),
+                                               ("kad", "chefer")])
+def test_the_floor_gives_each_findings_gradient_of_what_the_method_reads(builders, family, explainer):
+    """One batched backward (``[C, B, ...]`` per tensor read) = a backward per finding, to float32 round-off."""
+    model = builders(family, explainer=explainer)
+    images = images_for(model)
+    batched = floor(model, images, CLASSES)
+    method = model.explainer_method
+    with torch.inference_mode(False):
+        model.thaw_caches()
+        if explainer == "gradcam":
+            activation, _, targets = method.activations(model, images, CLASSES)
+            read = [activation]
+        else:
+            tower, decoder, _, targets = method.recorded(model, images, CLASSES)
+            read = tower + [p for pair in decoder for p in pair if p is not None]
+        assert len(batched) == len(read) and len(read) > 0
+        for finding in range(len(CLASSES)):
+            each = torch.autograd.grad(targets[:, finding].sum(), read, retain_graph=True, allow_unused=True)
+            for one, all_findings in zip(each, batched):
+                assert (one is None) == (all_findings is None)
+                if one is not None:
+                    assert all_findings.shape == (len(CLASSES), *one.shape)
+                    torch.testing.assert_close(all_findings[finding], one, rtol=1e-4, atol=1e-6 * float(one.abs().max()))
+
+
+@pytest.mark.parametrize("explainer", ["eigencam", "rollout"])
+def test_a_method_without_a_target_has_a_forward_for_floor(builders, explainer):
+    model = builders("clip", explainer=explainer)
+    assert floor(model, images_for(model), CLASSES) == ()
