@@ -4,8 +4,10 @@ bit for bit, and the floor ``bench_explainers`` times computes what the methods 
 * Rollout and Chefer against their rules as computed before the cuts (every product with an identity or zero done,
   one backward per finding), kept here: ``torch.equal``.
 * Chefer through a ResNet tower (only the decoder's attention made explicit) runs the model once: its forward's scores
-  are the native forward's, bit for bit; through a ViT tower the native forward runs again.
+  are the native forward's, bit for bit; through a ViT tower the native forward runs again. Rollout observes the
+  native forward: the tower runs once.
 * The floor's one batched backward gives each finding's gradient of what the method reads.
+* EigenCAM's projection with the reduced SVD is pytorch-grad-cam's (full SVD), bit for bit.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
+from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 
 from test_explainers_families import CLASSES, FAMILIES, family_builders, images_for
+from xbench_pl.explainers.cams import first_component_projection
+from xbench_pl.explainers.towers import recorded_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_explainers import floor  # noqa: E402
@@ -134,6 +140,38 @@ def test_chefer_through_a_resnet_tower_runs_the_model_once(builders, family):
         assert torch.equal(explained.logits, native.logits)
 
 
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family not in RESNET_TOWERS])
+def test_rollout_observes_the_native_forward(builders, family):
+    """Rollout's probabilities are computed beside the native forward: the tower's first block runs once, the scores are the
+    native ones bit for bit, and the first block's probabilities (the same input either way) are the explicit ones'."""
+    model = builders(family, explainer="rollout")
+    images = images_for(model)
+    tower = model.explainer_method.tower
+    calls = []
+    handle = tower.blocks[0].register_forward_hook(lambda module, inputs, output: calls.append(1))
+    try:
+        with torch.inference_mode():
+            native = model.zero_shot(images, CLASSES)
+            calls.clear()
+            explained = model.explained(images, CLASSES)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+    assert torch.equal(explained.scores, native.scores)
+    if native.logits is not None:
+        assert torch.equal(explained.logits, native.logits)
+    explicit = []
+    with torch.no_grad(), recorded_attention(tower.blocks, lambda site: lambda probs: explicit.append(probs) or probs):
+        model.zero_shot(images.clone(), CLASSES)
+    with torch.inference_mode(False):
+        model.thaw_caches()
+        observed = model.explainer_method.recorded(model, images.clone(), CLASSES)[0]
+    assert len(observed) == len(explicit) == len(tower.blocks)
+    assert torch.equal(observed[0], explicit[0])
+    for seen, computed in zip(observed, explicit):
+        torch.testing.assert_close(seen, computed, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("family, explainer", [("clip", "gradcam"), ("medklip", "gradcam"), ("carzero", "chefer"),
                                                ("kad", "chefer")])
 def test_the_floor_gives_each_findings_gradient_of_what_the_method_reads(builders, family, explainer):
@@ -164,3 +202,25 @@ def test_the_floor_gives_each_findings_gradient_of_what_the_method_reads(builder
 def test_a_method_without_a_target_has_a_forward_for_floor(builders, explainer):
     model = builders("clip", explainer=explainer)
     assert floor(model, images_for(model), CLASSES) == ()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eigencam_with_the_reduced_svd_is_the_librarys_projection_bit_for_bit(builders, family):
+    model = builders(family, explainer="eigencam")
+    images = images_for(model)
+    method = model.explainer_method
+    with torch.inference_mode(False):
+        model.thaw_caches()
+        features = method.as_map(method.activations(model, images.clone(), CLASSES)[0])
+    assert not features.flags["C_CONTIGUOUS"] or family in RESNET_TOWERS  # a ViT's tokens laid out on the grid: a view
+    assert np.array_equal(first_component_projection(features), get_2d_projection(features))
+
+
+@pytest.mark.parametrize("shape", [(1024, 14, 14), (2048, 7, 7), (768, 14, 14), (512, 28, 28)],
+                         ids=["resnet50-layer3", "resnet50-layer4", "vit-b16", "more-positions-than-channels"])
+def test_eigencam_projection_equals_the_librarys_at_full_size(shape):
+    """At the released towers' layer shapes too (post-ReLU-like activations with a NaN, which the library zeroes)."""
+    generator = np.random.default_rng(sum(shape))
+    features = np.maximum(generator.standard_normal((2, *shape)), 0).astype(np.float32)
+    features[0, 0, 0, 0] = np.nan
+    assert np.array_equal(first_component_projection(features), get_2d_projection(features))

@@ -6,9 +6,10 @@ scores) with the field's methods: the CAMs of pytorch-grad-cam on a target layer
 attention rollout and Chefer et al.'s relevance through the transformer attention (``relevance``).
 Every map comes out on its layer's own grid, raw: the benchmark warps and normalises it as it does
 native maps. Scores are the model's native forward's: a CAM's forward is that forward (with autograd from
-its layer on, equal to float32 round-off), so is Chefer's through a ResNet tower (only the query decoder's
-attention made explicit, bit for bit what ``nn.MultiheadAttention`` computes), and after rollout or Chefer
-through a ViT tower (explicit attention in place of fused kernels) the native forward runs again.
+its layer on, equal to float32 round-off), so is rollout's (the probabilities computed beside it), so is Chefer's
+through a ResNet tower (only the query decoder's attention made explicit, bit for bit what ``nn.MultiheadAttention``
+computes), and after Chefer through a ViT tower (explicit attention in place of fused kernels) the native forward
+runs again.
 """
 
 from __future__ import annotations

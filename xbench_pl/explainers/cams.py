@@ -14,6 +14,10 @@ What the library would do per finding and per image, this does once per batch:
 * one backward per finding through that small graph (the layer on): the gradient of ``sum_b y[b, c]`` is
   each image's own, since images do not interact (eval mode); the forward's scores are the run's (the native
   forward's operations, with autograd from the layer on), so the model runs once per batch;
+* EigenCAM: the library's ``get_2d_projection`` (each image's centred activations ``[h*w, K]`` projected on their
+  first right-singular vector) with the reduced SVD, ``first_component_projection``: the library's full one builds a
+  ``K x K`` basis (1,024-2,048 square on a ResNet) to use its first row, which LAPACK computes the same, bit for bit
+  (tests: every family, and the released towers' layer shapes);
 * ScoreCAM: the library's ``get_cam_weights`` on chunks of channels, with a target that records each
   masked forward's scores of every finding; the softmax over all channels and the weighted sum are
   its own two lines, redone per finding. One pass over the masked inputs serves all findings, and
@@ -42,6 +46,20 @@ LIBRARY = "pytorch-grad-cam"
 
 def library_version() -> str:
     return version("grad-cam")
+
+
+def first_component_projection(activation_batch: np.ndarray) -> np.ndarray:
+    """``pytorch_grad_cam.utils.svd_on_activations.get_2d_projection`` ``[B, h, w]`` of ``[B, K, h, w]``, its SVD reduced
+    (``full_matrices=False``): the first right-singular vector is all it reads."""
+    activation_batch = activation_batch.copy()  # C-ordered, as the library's: the layout decides the matmul's bits
+    activation_batch[np.isnan(activation_batch)] = 0
+    projections = []
+    for activations in activation_batch:
+        reshaped = activations.reshape(activations.shape[0], -1).transpose()
+        reshaped = reshaped - reshaped.mean(axis=0)  # centred, as the library does
+        first = np.linalg.svd(reshaped, full_matrices=False)[2][0]
+        projections.append((reshaped @ first).reshape(activations.shape[1:]))
+    return np.float32(projections)
 
 
 class TargetModel(nn.Module):
@@ -155,7 +173,7 @@ class CAMExplainer:
         cam.activations_and_grads.release()  # its hooks: this class takes activations and gradients itself
         features = self.as_map(activation.detach())
         if self.name == "eigencam":  # no target: one map per image, the same for every finding
-            maps = [cam.get_cam_image(images, layer, None, features, None, False)] * len(classes)
+            maps = [first_component_projection(features)] * len(classes)
         elif self.name == "scorecam":
             maps = self.scorecam(cam, images, layer, features, len(classes))
         else:

@@ -2,7 +2,8 @@
 
 Attention rollout (Abnar & Zuidema, ACL 2020), on a ViT image tower: per block
 ``Â = 0.5 * (mean_heads(A) + I)`` with rows renormalised, ``R = Â_L ... Â_1``; the map is the class
-token's row over the patch tokens. It reads no target: every finding gets the same map.
+token's row over the patch tokens. It reads no target: every finding gets the same map. ``A`` is the
+attention of the native forward (fused kernels and all), computed beside it from each block's queries and keys.
 
 Chefer et al. (ICCV 2021, "Generic Attention-model Explainability ..."), per finding c with the
 model's target ``y[:, c]`` (logits where the model exposes them, else scores):
@@ -21,11 +22,12 @@ decodes the image's class token against the text, not image tokens.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 
 import torch
 
 from xbench_pl.explainers.cams import frozen_parameters
-from xbench_pl.explainers.towers import Tower, query_decoder, recorded_attention
+from xbench_pl.explainers.towers import Tower, observed_attention, query_decoder, recorded_attention
 
 
 def rollout(probabilities: list[torch.Tensor]) -> torch.Tensor:
@@ -118,10 +120,10 @@ class RelevanceExplainer:
         return [] if decoder is None else [(layer.self_attn, layer.multihead_attn) for layer in decoder.layers]
 
     def recorded(self, model, images: torch.Tensor, classes: list[str]) -> tuple[list, list, object, torch.Tensor]:
-        """The forward with explicit attention: the tower's probabilities ``[B, heads, T, T]`` (input to output), the
+        """The forward that shows the attention: the tower's probabilities ``[B, heads, T, T]`` (input to output), the
         decoder's ``(self, cross)`` per layer (self None without self-attention), the model's output and the targets
-        ``[B, C]``; for ``chefer`` every probability is in the graph of the targets (a leaf where nothing before it needs
-        a gradient)."""
+        ``[B, C]``. For ``chefer`` the attention is explicit and every probability in the graph of the targets (a leaf
+        where nothing before it needs a gradient); ``rollout`` observes the native forward (``observed_attention``)."""
         decoder_sites = self.decoder_sites(model)
         recorded: dict[int, list[torch.Tensor]] = {}
         differentiable = self.name == "chefer"
@@ -139,19 +141,27 @@ class RelevanceExplainer:
         def first(site):  # a site's probabilities in its first call (a decoder may run twice)
             return recorded[id(site)][0] if site is not None else None
 
-        with frozen_parameters(model), recorded_attention(sites, recorder):
+        with ExitStack() as stack:
+            if differentiable:
+                stack.enter_context(frozen_parameters(model))
+                stack.enter_context(recorded_attention(sites, recorder))
+            else:  # the parameters as they are: whether a weight needs a gradient decides how matmul folds a
+                # transposed input, and with it the bits of the native scores
+                stack.enter_context(torch.no_grad())
+                stack.enter_context(observed_attention(sites, recorder))
             output, targets = model.explainer_forward(images, classes, grad=differentiable)
         return [first(site) for site in self.tower.blocks], [(first(s), first(c)) for s, c in decoder_sites], output, targets
 
     def saliency(self, model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, object | None]:
         """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder), and the
-        model's output where the forward was the native one: with a ResNet tower only the decoder's attention is made
-        explicit, and ``explicit_multihead_forward`` gives what ``nn.MultiheadAttention``'s need_weights path gives, bit
-        for bit (tests); a ViT tower's explicit attention replaces a fused kernel, so the native forward runs again."""
+        model's output where the forward was the native one: rollout's (observed); Chefer's with a ResNet tower, where
+        only the decoder's attention is made explicit and ``explicit_multihead_forward`` gives what
+        ``nn.MultiheadAttention``'s need_weights path gives, bit for bit (tests). Chefer's explicit attention in a ViT
+        tower replaces a fused kernel, so the native forward runs again."""
         tower_probs, decoder_probs, output, targets = self.recorded(model, images, classes)
-        native = None if tower_probs else output
         if self.name == "rollout":
-            return self.class_token_map(rollout(tower_probs), len(classes)), native
+            return self.class_token_map(rollout(tower_probs), len(classes)), output
+        native = None if tower_probs else output
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
         # the rules read the probabilities as values: detached, no graph grows through 14 findings' relevance
         plain_tower = [p.detach() for p in tower_probs]

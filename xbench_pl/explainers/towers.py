@@ -7,9 +7,11 @@ open_clip's ``TimmModel`` around a timm ViT (BiomedCLIP) and transformers' ``Din
 two: their attention sites are not recorded, so rollout and chefer refuse them. Qwen2.5-VL's windowed tower (tokens
 without a batch dimension) and LLaVA-OneVision's (a base view and tiles per image) are refused. ``Tower`` gives the default CAM layer
 (the last ResNet stage; a ViT's last block's first norm, whose tokens every later step reads),
-the patch grid, and, for ViTs, ``recorded_attention``: each block's attention probabilities
-``[B, heads, T, T]``, computed explicitly so that they are part of the autograd graph (the fused
-kernels the towers use for inference return none). Token 0 of every supported ViT is its class
+the patch grid, and, for ViTs, each block's attention probabilities ``[B, heads, T, T]`` (the fused kernels the
+towers use for inference return none) two ways: ``recorded_attention`` computes the attention explicitly in their
+place, so that the probabilities are part of the autograd graph (Chefer); ``observed_attention`` leaves the forward
+native and computes them beside it from each block's own queries and keys (rollout: the attention of the very
+forward that scores, for two projections and a softmax per block). Token 0 of every supported ViT is its class
 token; patch tokens are the last ``h * w``.
 """
 
@@ -80,26 +82,40 @@ def query_decoder(model: nn.Module) -> QueryDecoder | None:
     return decoder if isinstance(decoder, QueryDecoder) else None
 
 
+def attention_probabilities(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``softmax(q kᵀ / sqrt(d))`` ``[B, heads, L, S]`` of queries ``[B, heads, L, d]`` and keys ``[B, heads, S, d]``, as
+    ``nn.MultiheadAttention``'s need_weights path and timm's unfused path compute it."""
+    return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+
+def followed(mha: nn.MultiheadAttention) -> None:
+    """Explainers follow an ``nn.MultiheadAttention`` with packed projections, no bias_k/v and no zero attention."""
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError("explainers take nn.MultiheadAttention with packed projections, no bias_k/v, no zero attention")
+
+
+def multihead_projections(mha: nn.MultiheadAttention, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """``mha``'s queries, keys (and values) ``[B, heads, L, d]`` of its sequence-first inputs ``[L, B, E]``, in that order."""
+    weights = mha.in_proj_weight.chunk(3)
+    biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
+    return [F.linear(x, w, b).unflatten(-1, (mha.num_heads, -1)).permute(1, 2, 0, 3)
+            for x, w, b in zip(inputs, weights, biases)]
+
+
 def explicit_multihead_forward(mha: nn.MultiheadAttention, record: Recorder) -> Callable:
     """A forward for ``mha`` (batch-first or sequence-first, self- or cross-attention, no masks) that computes
     its attention explicitly through ``record``; it returns what ``nn.MultiheadAttention.forward`` returns, and
     for a sequence-first module (never fused) the same bits on the CPU (test_explainers_cost: Chefer's scores)."""
-    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-        raise ValueError("explainers take nn.MultiheadAttention with packed projections, no bias_k/v, no zero attention")
+    followed(mha)
 
     def forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
                 is_causal=False):
-        if key_padding_mask is not None or attn_mask is not None or is_causal:
-            raise ValueError("explainers record attention without masks; this attention is masked")
+        unmasked("nn.MultiheadAttention", key_padding_mask, attn_mask, is_causal)
         if mha.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         length, batch, width = query.shape
-        heads = mha.num_heads
-        weights = mha.in_proj_weight.chunk(3)
-        biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
-        q, k, v = (F.linear(x, w, b).unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)
-                   for x, w, b in zip((query, key, value), weights, biases))  # [B, heads, L, d]
-        probs = record(((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1))
+        q, k, v = multihead_projections(mha, query, key, value)
+        probs = record(attention_probabilities(q, k))
         out = mha.out_proj((probs @ v).permute(2, 0, 1, 3).reshape(length, batch, width))
         if mha.batch_first:
             out = out.transpose(0, 1)
@@ -132,6 +148,73 @@ def recorded_attention(sites: list[nn.Module], recorder: Callable[[nn.Module], R
                 stack.callback(handle.remove)
             else:
                 raise ValueError(f"explainers cannot record the attention of {type(site).__name__}")
+        yield
+
+
+def unmasked(kind: str, *masks) -> None:
+    """Attention is followed without masks: a masked call is refused."""
+    if any(mask is not None and mask is not False for mask in masks):
+        raise ValueError(f"explainers follow attention without masks; this {kind} attention is masked")
+
+
+def multihead_observer(site: nn.MultiheadAttention, observe: Callable[[torch.Tensor], None]) -> Callable:
+    """A forward pre-hook (with kwargs) on ``site`` that passes its probabilities to ``observe``."""
+    followed(site)
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
+
+    def hook(module, args, kwargs):
+        given = {**dict(zip(names, args)), **kwargs}
+        unmasked("nn.MultiheadAttention", given.get("key_padding_mask"), given.get("attn_mask"), given.get("is_causal"))
+        query, key = given["query"], given["key"]
+        if site.batch_first:
+            query, key = query.transpose(0, 1), key.transpose(0, 1)
+        observe(attention_probabilities(*multihead_projections(site, query, key)))
+
+    return hook
+
+
+def timm_observer(site: nn.Module, observe: Callable[[torch.Tensor], None]) -> Callable:
+    """A forward pre-hook (with kwargs) on a timm ``Attention`` that passes its probabilities to ``observe``: its
+    queries and keys are the first two thirds of its ``qkv`` projection, then its ``q_norm`` and ``k_norm``."""
+    def hook(module, args, kwargs):
+        given = {**dict(zip(("x", "attn_mask", "is_causal"), args)), **kwargs}
+        unmasked("timm", given.get("attn_mask"), given.get("is_causal"))
+        x = given["x"]
+        width = 2 * site.num_heads * site.head_dim
+        bias = site.qkv.bias[:width] if site.qkv.bias is not None else None
+        q, k = F.linear(x, site.qkv.weight[:width], bias).unflatten(-1, (2, site.num_heads, -1)).permute(2, 0, 3, 1, 4)
+        observe(attention_probabilities(site.q_norm(q), site.k_norm(k)))
+
+    return hook
+
+
+def vit_layer_observer(site: nn.Module, observe: Callable[[torch.Tensor], None]) -> Callable:
+    """A forward hook on a ``ViTPatches`` layer's ``layernorm_before`` that passes the layer's probabilities to ``observe``."""
+    def hook(module, inputs, normed):
+        projections = site.attention.attention
+        observe(attention_probabilities(*(proj(normed).unflatten(-1, (site.heads, -1)).transpose(1, 2)
+                                          for proj in (projections.query, projections.key))))
+
+    return hook
+
+
+@contextmanager
+def observed_attention(sites: list[nn.Module], observer: Callable[[nn.Module], Callable[[torch.Tensor], None]]) -> Iterator[None]:
+    """While open, every attention site (as ``recorded_attention`` takes them) runs its own forward, fused kernels and
+    all, and ``observer(site)`` is shown its attention probabilities ``[B, heads, T, T]``, computed beside that forward
+    from the site's own inputs: the forward's outputs are the native ones, bit for bit."""
+    with ExitStack() as stack:
+        for site in sites:
+            observe = observer(site)
+            if isinstance(site, nn.MultiheadAttention):
+                handle = site.register_forward_pre_hook(multihead_observer(site, observe), with_kwargs=True)
+            elif hasattr(site, "explicit_attention"):  # ViTPatches' layers
+                handle = site.layernorm_before.register_forward_hook(vit_layer_observer(site, observe))
+            elif hasattr(site, "fused_attn") and hasattr(site, "qkv"):  # timm
+                handle = site.register_forward_pre_hook(timm_observer(site, observe), with_kwargs=True)
+            else:
+                raise ValueError(f"explainers cannot observe the attention of {type(site).__name__}")
+            stack.callback(handle.remove)
         yield
 
 
