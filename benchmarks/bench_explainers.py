@@ -3,7 +3,8 @@ native forward (``zero_shot``) on the same batch and to the method's floor. Rand
 architecture.
 
 The floor of a method is what it cannot do without: its own forward (the one that exposes what it reads: a CAM's
-hooked forward, the explicit attention of rollout and Chefer), plus, for a method with a target, ONE backward over all
+hooked forward, the native forward with each block's attention computed beside it for rollout, the explicit
+attention of Chefer), plus, for a method with a target, ONE backward over all
 findings at once (``torch.autograd.grad(..., is_grads_batched=True)``: the backward vmapped over the C one-hot
 cotangents) from the targets to the tensors it reads (the CAM's layer; every attention probability for Chefer).
 Nothing else: no map arithmetic, no second forward. ``time_ratio`` is the explainer's time over the native forward's,

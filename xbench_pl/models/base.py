@@ -199,8 +199,8 @@ class ZeroShotModel(Judge, L.LightningModule):
 
     def explained(self, images: torch.Tensor, classes: list[str]) -> ZeroShotOutput:
         """``zero_shot``, its maps replaced by the explainer's. Scores and logits are the native forward's: a CAM's own
-        forward is that forward (the same operations, with autograd from its layer on); after an explainer that
-        changes the forward (explicit attention), the native forward runs again."""
+        forward is that forward (the same operations, with autograd from its layer on), so is rollout's (it observes
+        it); after an explainer that changes the forward (Chefer's explicit attention), the native forward runs again."""
         if self.explainer_method is None:
             return self.zero_shot(images, classes)
         from xbench_pl.explainers import explain
