@@ -19,11 +19,16 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import TYPE_CHECKING
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.data.errors import DataError
 from xbench_pl.commands.score import UsageProblem, open_store
 from xbench_pl.outputs import check_writable, write_results
+
+if TYPE_CHECKING:
+    import torch
 
 USAGE = "compare --predictions A B [--data NAME] [--data.ARG V] [--out DIR] [--bootstrap N] [--seed S]"
 OPTIONS = {
@@ -112,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stores = argv[argv.index("--predictions") + 1:][:2] if "--predictions" in argv else []
     if len(stores) < 2 or any(s.startswith("-") for s in stores):
-        print("error: --predictions A B is required: two stores written by "
-              f"{PROG} test ... --predictions DIR on the same data", file=sys.stderr)
+        print_error("--predictions A B is required: two stores written by "
+                    f"{PROG} test ... --predictions DIR on the same data")
         return 2
     i = argv.index("--predictions")
     folders, rest = argv[i + 1:i + 3], argv[:i] + argv[i + 3:]
@@ -126,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if resamples < 1:
             raise ValueError
     except ValueError:
-        print(f"error: --bootstrap must be a positive number of resamples and --seed an integer, got "
-              f"{options['--bootstrap']!r} and {options['--seed']!r}", file=sys.stderr)
+        print_error(f"--bootstrap must be a positive number of resamples and --seed an integer, got "
+                    f"{options['--bootstrap']!r} and {options['--seed']!r}")
         return 2
     check_writable({"--out": options["--out"]})
     import torch
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             datasets = {name: paired_bootstrap(replay_a.benchmark[name], replay_b.benchmark[name], resamples, seed)
                         for name in replay_a.benchmark}
     except (UsageProblem, DataError, StoreError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     report = {"a": {"store": folders[0], "model": model_name(run_a.stored)}, "b": {"store": folders[1], "model": model_name(stored_b)},
               "resamples": resamples, "seed": seed, "level": 0.95,

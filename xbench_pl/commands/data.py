@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.console import say, wrap
 
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             or (action == "list" and names) or ((root or split) and len(names) != 1)):
         why = (f" (unknown option {unknown[0]})" if unknown else
                " (--data.root and --data.split name one dataset's folder and set)" if (root or split) and names else "")
-        print(wrap(f"error: usage: {PROG} {USAGE}{why}"), file=sys.stderr)
+        print_error(f"usage: {PROG} {USAGE}{why}")
         return 2
     from xbench_pl.data.sources import DataSourceError, data_dir, eval_set, pull, read_sources
 
@@ -117,14 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     sources = read_sources()
     for name in names:
         if name not in sources:
-            print(wrap(f"error: data {action}: unknown dataset {name!r}; datasets pulled by name: {', '.join(sources)}"),
-                  file=sys.stderr)
+            print_error(f"data {action}: unknown dataset {name!r}; datasets pulled by name: {', '.join(sources)}")
             return 2
     try:
         for name in names:
             eval_set(name, split)
     except ValueError as error:
-        print(wrap(f"error: --data.split: {error}"), file=sys.stderr)
+        print_error(f"--data.split: {error}")
         return 2
     try:
         if action == "pull":
@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 say(wrap(line))
             problems += found
     except DataSourceError as error:
-        print(wrap(f"error: {error}"), file=sys.stderr)
+        print_error(str(error))
         return 2
     for problem in problems:
-        print(wrap(f"error: {problem}"), file=sys.stderr)
+        print_error(str(problem))
     if not names and not problems:
         say(wrap(f"nothing pulled in {folder} yet ({PROG} data pull NAME)"))
     return 2 if problems else 0

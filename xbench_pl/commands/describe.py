@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from jsonargparse import ArgumentParser
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import command_help, take_option
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError, Problem
@@ -84,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             "--json": "print the summary as JSON"}))
         return 0
     if name is None:
-        print(f"error: --data NAME is required; available: {available('data')}", file=sys.stderr)
+        print_error(f"--data NAME is required; available: {available('data')}")
         return 2
     try:
         dataset_class, defaults = read_data_config(name)
     except KeyError as error:
-        print(f"error: --data: {error}", file=sys.stderr)
+        print_error(f"--data: {error}")
         return 2
     args = build_parser(dataset_class, defaults).parse_args(rest)
     datamodule: XBenchData = dataset_class(**args.data.as_dict())
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             records = child.prepare_records()
         except DataError as error:
-            print(f"error: {child.name + ': ' if pooled else ''}{error}", file=sys.stderr)
+            print_error(f"{child.name + ': ' if pooled else ''}{error}")
             failed = True
             continue
         summaries[child.name] = summarize(records, child.classes, child.problems)

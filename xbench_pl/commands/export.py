@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.outputs import check_writable, write_whole
 
@@ -44,21 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     missing = [flag for flag in ("--predictions", "--to", "--out") if values[flag] is None]
     if missing or rest:
         problem = f"{', '.join(missing)} required" if missing else f"unrecognized arguments: {' '.join(rest)}"
-        print(f"error: {problem} (usage: {PROG} {USAGE})", file=sys.stderr)
+        print_error(f"{problem} (usage: {PROG} {USAGE})")
         return 2
     if values["--to"] not in ("npy", "cheXlocalize"):
-        print(f"error: --to must be npy or cheXlocalize, got {values['--to']!r}", file=sys.stderr)
+        print_error(f"--to must be npy or cheXlocalize, got {values['--to']!r}")
         return 2
     try:
         size = None if values["--size"] is None else int(values["--size"])
         if size is not None and size < 1:
             raise ValueError
     except ValueError:
-        print(f"error: --size must be a positive number of pixels, got {values['--size']!r}", file=sys.stderr)
+        print_error(f"--size must be a positive number of pixels, got {values['--size']!r}")
         return 2
     out = Path(values["--out"])
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"error: --out {out}: not an empty folder; choose a new or empty one", file=sys.stderr)
+        print_error(f"--out {out}: not an empty folder; choose a new or empty one")
         return 2
     check_writable({"--out": out})
     from xbench_pl.exports import export  # here, not at the top: --help starts without torch
@@ -66,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 
     store = Store(values["--predictions"])
     if store.read_manifest() is None:
-        print(f"error: {store.manifest_path} not found: {store} is no prediction store", file=sys.stderr)
+        print_error(f"{store.manifest_path} not found: {store} is no prediction store")
         return 2
     try:
         written = write_whole(out, lambda folder: export(store, values["--to"], folder, size))
     except StoreError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     print(f"wrote {out} ({values['--to']}: {', '.join(f'{name}: {n} image(s)' for name, n in written.items())})")
     return 0

@@ -32,6 +32,7 @@ from typing import Optional
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeInt
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help, datamodule_problems, take_option
 from xbench_pl.commands.parsing import PARSER_KWARGS
 from xbench_pl.data.errors import DataError
@@ -221,14 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                 "--maps DIR": f"score saliency maps made elsewhere instead ({PROG} score --maps DIR --help)",
                 "--boxes FILE": f"score boxes predicted elsewhere instead ({PROG} score --boxes FILE --help)"}))
             return 0
-        print(f"error: --predictions DIR is required (a store written by {PROG} test --predictions DIR)", file=sys.stderr)
+        print_error(f"--predictions DIR is required (a store written by {PROG} test --predictions DIR)")
         return 2
     if not Path(folder).is_dir():  # before torch loads
-        print(f"error: --predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)",
-              file=sys.stderr)
+        print_error(f"--predictions {folder}: no such folder (a store written by {PROG} test --predictions DIR)")
         return 2
     if problem := no_store(folder):
-        print(f"error: {problem}", file=sys.stderr)
+        print_error(str(problem))
         return 2
     from xbench_pl.prediction_store import StoreError, model_name
     from xbench_pl.predictions import rescore
@@ -239,13 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         run = open_store(folder, rest)
         device = checked_device(run.args.device)
     except (UsageProblem, DataError) as error:  # DataError: the datamodule's arguments
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     check_writable({"--out": run.args.out})
     try:
         results = rescore(run.store, run.datamodule, run.metrics, run.args.chunk, device)
     except (DataError, StoreError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     out = publish_scores(run.args.out, started, str(Path(folder)),
                          model=model_name(run.stored),
@@ -268,19 +268,19 @@ def external_run(flag: str, what: str, argv: list[str], usage: str, text: str, o
         print(command_help(usage, text, options))
         return 0
     if source is None:
-        print(f"error: {flag} needs a value: score {flag} {what} --data NAME", file=sys.stderr)
+        print_error(f"{flag} needs a value: score {flag} {what} --data NAME")
         return 2
     if name is None:
-        print(f"error: score {flag} {what} needs --data NAME (the dataset they are of)", file=sys.stderr)
+        print_error(f"score {flag} {what} needs --data NAME (the dataset they are of)")
         return 2
     try:
         columns, rest = take_columns(rest)
         dataset_class, defaults = read_data_config(name)
     except UsageProblem as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     except (KeyError, ValueError, FileNotFoundError) as error:
-        print(f"error: --data {name}: {error}", file=sys.stderr)
+        print_error(f"--data {name}: {error}")
         return 2
     parser = build_parser(dataset_class, defaults, {"normalize": "minmax", "fixed_threshold": 0.5, "score_threshold": 0.5})
     if cxl:
@@ -336,7 +336,7 @@ def score_maps(argv: list[str]) -> int:
         return run
     folder = run.source
     if not folder.is_dir():
-        print(f"error: --maps {folder}: not a folder", file=sys.stderr)
+        print_error(f"--maps {folder}: not a folder")
         return 2
     from xbench_pl.external_maps import index_maps, read_scores, score_dataset
     from xbench_pl.geometry import Preprocess
@@ -356,7 +356,7 @@ def score_maps(argv: list[str]) -> int:
         for child in datamodule.datamodules:
             scored[child.name] = score_dataset(child, folder, files, scores, preprocess, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     out = publish_external(run, started, "maps", datamodule, replayer, {n: s for n, (_, s) in scored.items()},
                            preprocess=preprocess_config)
@@ -376,7 +376,7 @@ def score_boxes(argv: list[str]) -> int:
     if isinstance(run, int):
         return run
     if not run.source.is_file():
-        print(f"error: --boxes {run.source}: no such file", file=sys.stderr)
+        print_error(f"--boxes {run.source}: no such file")
         return 2
     from xbench_pl.external_boxes import score_box_file
 
@@ -384,7 +384,7 @@ def score_boxes(argv: list[str]) -> int:
         datamodule, replayer = external_replayer(run, states_boxes=True)
         scored = score_box_file(run.source, datamodule, replayer, run.args.chunk)
     except (DataError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     out = publish_external(run, started, "boxes", datamodule, replayer, {n: s for n, (_, _, s) in scored.items()})
     print(f"\nwrote {out / 'metrics.json'} and {out / 'metrics.md'} (from the boxes in {run.source}; "

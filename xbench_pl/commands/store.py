@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help
 
 USAGE = "store upgrade DIR"
@@ -25,22 +26,21 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help(USAGE, __doc__.split("\n\n", 1)[1], OPTIONS))
         return 0
     if len(argv) != 2 or argv[0] != "upgrade":
-        print(f"error: usage: {PROG} {USAGE}", file=sys.stderr)
+        print_error(f"usage: {PROG} {USAGE}")
         return 2
     from xbench_pl.prediction_store import FORMAT, Store, StoreError, upgrade  # here: --help starts without torch
 
     store = Store(argv[1])
     if not store.root.is_dir():
-        print(f"error: store upgrade {store}: no such folder", file=sys.stderr)
+        print_error(f"store upgrade {store}: no such folder")
         return 2
     try:
         converted, bad = upgrade(store)
     except StoreError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     except OSError as error:  # a read-only or full disk: the shards converted so far stay, the rest are as they were
-        print(f"error: {store}: cannot write a converted shard ({error}); run store upgrade again once it can",
-              file=sys.stderr)
+        print_error(f"{store}: cannot write a converted shard ({error}); run store upgrade again once it can")
         return 2
     print(f"{store}: format {FORMAT}, {converted} shard(s) converted"
           + (f"; {len(bad)} unreadable shard(s) set aside in {store.root / 'corrupt'} (redo their images with "

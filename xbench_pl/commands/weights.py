@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from xbench_pl.commands import print_error
 from xbench_pl.commands.arguments import PROG, command_help, take_option
 from xbench_pl.console import say, wrap
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     action, *names = [a for a in argv if a != "--quiet"]
     unknown = [a for a in names if a.startswith("-")]
     if action not in ("list", "pull", "verify") or unknown or (action == "pull" and not names) or (action == "list" and names):
-        print(wrap(f"error: usage: {PROG} {USAGE}" + (f" (unknown option {unknown[0]})" if unknown else "")), file=sys.stderr)
+        print_error(f"usage: {PROG} {USAGE}" + (f" (unknown option {unknown[0]})" if unknown else ""))
         return 2
     # imported here: --help reads no YAML
     from xbench_pl.weights import HAND, WeightsError, cache_dir, lock_entry, pull, read_lock, read_sources, verify
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return list_models(cache)
     unknown = [n for n in names if n not in read_sources()[1]]
     if unknown:
-        print(wrap(f"error: weights {action}: unknown model {unknown[0]!r}; models: {', '.join(read_sources()[1])}"),
-              file=sys.stderr)
+        print_error(f"weights {action}: unknown model {unknown[0]!r}; models: {', '.join(read_sources()[1])}")
         return 2
     try:
         if action == "pull":
@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         good, unverified, problems = verify(cache, names or None)
     except WeightsError as error:
-        print(wrap(f"error: {error}"), file=sys.stderr)
+        print_error(str(error))
         return 2
     for problem in problems:
-        print(wrap(f"error: {problem}"), file=sys.stderr)
+        print_error(str(problem))
     for path in unverified:
         print(wrap(f"warning: {path}: placed by hand, not downloaded: unverified (it is as it was found; delete it and "
                    "pull again to verify)"), file=sys.stderr)
