@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_check.sh            # logs and tables under $OUT (default: gpu_check_out)
 # 1. the venv as the README makes it (skipped when .venv already imports xbench_pl), 2. `pytest -m cuda`,
 # 3. bench_full_scale.py on CUDA for the CLIP-class and ResNet models in 32-true and bf16-mixed, and on the CPU for
-# the same maps' baseline, 4. bench_metrics.py on CUDA, 5. bench_generative.py at the releases' sizes. Every step has a timeout and goes on after a failure;
+# the same maps' baseline, 4. bench_metrics.py on CUDA, 5. bench_generative.py at the releases' sizes, 6. issue 44's
+# explainers against their floor and deletion's pairs per forward on CUDA. Every step has a timeout and goes on after a failure;
 # the exit status is the number of steps that failed.
 set -x
 OUT=${OUT:-gpu_check_out}
@@ -32,4 +33,9 @@ step bench_metrics_cuda 600 $PY benchmarks/bench_metrics.py --device cuda
 # 5. the grounded generative models at their release sizes (random weights, bf16): overhead against plain generate
 step bench_generative_release 900 $PY benchmarks/bench_generative.py --size release --device cuda --dtype bfloat16 --images 2 \
   --findings 4 --max-new-tokens 64 --repeats 3
+# 6. issue 44 on a GPU: floor ratios (rollout, EigenCAM's host SVD, the CAMs' per-finding backwards) and whether
+# deletion gains from several pairs per forward, and at what exactness
+step bench_explainers_cuda 600 $PY benchmarks/bench_explainers.py --device cuda --models clip medklip carzero \
+  --explainers gradcam eigencam rollout chefer --batch 8 --repeats 3
+step bench_trust_pairs_cuda 300 $PY benchmarks/bench_trust.py --device cuda --models clip medklip --measures --pairs-per-forward 8
 exit $failed
