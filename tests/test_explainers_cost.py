@@ -23,7 +23,7 @@ from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 
 from test_explainers_families import CLASSES, FAMILIES, family_builders, images_for
 from xbench_pl.explainers.cams import first_component_projection
-from xbench_pl.explainers.towers import recorded_attention
+from xbench_pl.explainers.towers import observed_attention, recorded_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_explainers import floor  # noqa: E402
@@ -170,6 +170,18 @@ def test_rollout_observes_the_native_forward(builders, family):
     assert torch.equal(observed[0], explicit[0])
     for seen, computed in zip(observed, explicit):
         torch.testing.assert_close(seen, computed, rtol=1e-4, atol=1e-6)
+
+
+def test_observed_attention_refuses_a_masked_call_in_one_line():
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(1, 3, 8)
+    seen = []
+    with torch.no_grad(), observed_attention([attention], lambda site: seen.append):
+        attention(x, x, x, need_weights=False)
+        with pytest.raises(ValueError, match="without masks; this nn.MultiheadAttention attention is masked"):
+            attention(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.bool))
+    assert len(seen) == 1 and seen[0].shape == (1, 2, 3, 3)
+    torch.testing.assert_close(seen[0].mean(1), attention(x, x, x)[1])  # nn.MultiheadAttention's own averaged weights
 
 
 @pytest.mark.parametrize("family, explainer", [("clip", "gradcam"), ("medklip", "gradcam"), ("carzero", "chefer"),

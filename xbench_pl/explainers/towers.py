@@ -94,6 +94,12 @@ def followed(mha: nn.MultiheadAttention) -> None:
         raise ValueError("explainers take nn.MultiheadAttention with packed projections, no bias_k/v, no zero attention")
 
 
+def unmasked(kind: str, *masks) -> None:
+    """Attention is followed without masks: a masked call is refused."""
+    if any(mask is not None and mask is not False for mask in masks):
+        raise ValueError(f"explainers follow attention without masks; this {kind} attention is masked")
+
+
 def multihead_projections(mha: nn.MultiheadAttention, *inputs: torch.Tensor) -> list[torch.Tensor]:
     """``mha``'s queries, keys (and values) ``[B, heads, L, d]`` of its sequence-first inputs ``[L, B, E]``, in that order."""
     weights = mha.in_proj_weight.chunk(3)
@@ -149,12 +155,6 @@ def recorded_attention(sites: list[nn.Module], recorder: Callable[[nn.Module], R
             else:
                 raise ValueError(f"explainers cannot record the attention of {type(site).__name__}")
         yield
-
-
-def unmasked(kind: str, *masks) -> None:
-    """Attention is followed without masks: a masked call is refused."""
-    if any(mask is not None and mask is not False for mask in masks):
-        raise ValueError(f"explainers follow attention without masks; this {kind} attention is masked")
 
 
 def multihead_observer(site: nn.MultiheadAttention, observe: Callable[[torch.Tensor], None]) -> Callable:
