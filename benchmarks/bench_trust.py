@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 import xbench_pl
 from xbench_pl.models.trust_run import TrustRun
@@ -43,8 +44,7 @@ def demo_batch(model, count: int, device: torch.device):
     """The first batch of ``count`` demo images with a region, as the model's preprocessing makes them."""
     datamodule = xbench_pl.create_datamodule("demo", preprocess=model.preprocess, batch_size=count, num_workers=0, eval_size=512)
     datamodule.setup("test")
-    batch = next(iter(datamodule.test_dataloader()))
-    return batch.to(device) if hasattr(batch, "to") else batch
+    return move_data_to_device(next(iter(datamodule.test_dataloader())), device)
 
 
 def measure(name: str, options: dict, measures: list[str], batch_size: int, steps: int, stages: str, repeats: int,
@@ -135,7 +135,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {device_name(device)}, batch {args.batch}, {args.steps} steps, stages {args.stages}")
     with tempfile.TemporaryDirectory() as tmp:
         options = model_options(sorted(args.models), Path(tmp))
-        rows = [row for name in args.models
+        rows = [row for name in args.models if args.measures
                 for row in measure(name, options[name], args.measures, args.batch, args.steps, args.stages, args.repeats, device)]
         if args.pairs_per_forward > 1:
             rows += [pairs_per_forward(name, options[name], args.pairs_per_forward, args.steps, args.repeats, device)

@@ -23,7 +23,7 @@ from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 
 from test_explainers_families import CLASSES, FAMILIES, family_builders, images_for
 from xbench_pl.explainers.cams import first_component_projection
-from xbench_pl.explainers.towers import observed_attention, recorded_attention
+from xbench_pl.explainers.towers import observable, observed_attention, recorded_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_explainers import floor  # noqa: E402
@@ -170,6 +170,26 @@ def test_rollout_observes_the_native_forward(builders, family):
     assert torch.equal(observed[0], explicit[0])
     for seen, computed in zip(observed, explicit):
         torch.testing.assert_close(seen, computed, rtol=1e-4, atol=1e-6)
+
+
+def test_rollout_computes_the_attention_explicitly_where_a_block_is_not_observable(builders):
+    """timm's attention relatives with their own biases or rotary embeddings (EVA's) are not observable: rollout then
+    records the explicit attention and the native forward runs again, as before observation."""
+    from timm.layers import Attention
+    from timm.models.eva import EvaAttention
+
+    assert observable(Attention(16, 2)) and not observable(EvaAttention(16, 2, scale_norm=False))
+    model = builders("biomedclip", explainer="rollout")
+    images = images_for(model)
+    with torch.inference_mode():
+        native = model.zero_shot(images, CLASSES)
+        observed = model.explained(images, CLASSES)
+        model.explainer_method.observes = False  # as for a tower of EvaAttention blocks
+        with mock.patch.object(model, "zero_shot", wraps=model.zero_shot) as rerun:
+            explicit = model.explained(images, CLASSES)
+    assert rerun.call_count == 2  # the explicit forward (explainer_forward without autograd), then the native one
+    assert torch.equal(explicit.scores, native.scores)
+    torch.testing.assert_close(explicit.saliency, observed.saliency, rtol=1e-4, atol=1e-7)
 
 
 def test_observed_attention_refuses_a_masked_call_in_one_line():

@@ -27,7 +27,7 @@ from contextlib import ExitStack
 import torch
 
 from xbench_pl.explainers.cams import frozen_parameters
-from xbench_pl.explainers.towers import Tower, observed_attention, query_decoder, recorded_attention
+from xbench_pl.explainers.towers import Tower, observable, observed_attention, query_decoder, recorded_attention
 
 
 def rollout(probabilities: list[torch.Tensor]) -> torch.Tensor:
@@ -113,6 +113,8 @@ class RelevanceExplainer:
     def __init__(self, name: str, tower: Tower, has_decoder: bool):
         self.name, self.tower = name, tower
         self.layer = "decoder" if name == "chefer" and has_decoder else tower.path
+        #: rollout beside the native forward (``observed_attention``), where the tower's every block is observable
+        self.observes = name == "rollout" and all(observable(site) for site in tower.blocks)
 
     def decoder_sites(self, model) -> list[tuple]:
         """``(self_attn, multihead_attn)`` per layer of the query decoder that ``chefer`` follows (none for ``rollout``)."""
@@ -123,7 +125,8 @@ class RelevanceExplainer:
         """The forward that shows the attention: the tower's probabilities ``[B, heads, T, T]`` (input to output), the
         decoder's ``(self, cross)`` per layer (self None without self-attention), the model's output and the targets
         ``[B, C]``. For ``chefer`` the attention is explicit and every probability in the graph of the targets (a leaf
-        where nothing before it needs a gradient); ``rollout`` observes the native forward (``observed_attention``)."""
+        where nothing before it needs a gradient); ``rollout`` observes the native forward (``observed_attention``)
+        where every block is ``observable``, else it too computes the attention explicitly."""
         decoder_sites = self.decoder_sites(model)
         recorded: dict[int, list[torch.Tensor]] = {}
         differentiable = self.name == "chefer"
@@ -142,26 +145,26 @@ class RelevanceExplainer:
             return recorded[id(site)][0] if site is not None else None
 
         with ExitStack() as stack:
-            if differentiable:
-                stack.enter_context(frozen_parameters(model))
-                stack.enter_context(recorded_attention(sites, recorder))
-            else:  # the parameters as they are: whether a weight needs a gradient decides how matmul folds a
-                # transposed input, and with it the bits of the native scores
+            if self.observes:  # the parameters as they are: whether a weight needs a gradient decides how matmul
+                # folds a transposed input, and with it the bits of the native scores
                 stack.enter_context(torch.no_grad())
                 stack.enter_context(observed_attention(sites, recorder))
+            else:
+                stack.enter_context(frozen_parameters(model))
+                stack.enter_context(recorded_attention(sites, recorder))
             output, targets = model.explainer_forward(images, classes, grad=differentiable)
         return [first(site) for site in self.tower.blocks], [(first(s), first(c)) for s, c in decoder_sites], output, targets
 
     def saliency(self, model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, object | None]:
         """``[B, C, h, w]`` on the tower's patch grid (the decoder's token grid for ``chefer`` through a decoder), and the
-        model's output where the forward was the native one: rollout's (observed); Chefer's with a ResNet tower, where
-        only the decoder's attention is made explicit and ``explicit_multihead_forward`` gives what
-        ``nn.MultiheadAttention``'s need_weights path gives, bit for bit (tests). Chefer's explicit attention in a ViT
-        tower replaces a fused kernel, so the native forward runs again."""
+        model's output where the forward was the native one: rollout's where it observes; Chefer's with a ResNet tower,
+        where only the decoder's attention is made explicit and ``explicit_multihead_forward`` gives what
+        ``nn.MultiheadAttention``'s need_weights path gives, bit for bit (tests). Explicit attention in a ViT tower
+        replaces a fused kernel, so the native forward runs again."""
         tower_probs, decoder_probs, output, targets = self.recorded(model, images, classes)
+        native = output if self.observes or not tower_probs else None
         if self.name == "rollout":
-            return self.class_token_map(rollout(tower_probs), len(classes)), output
-        native = None if tower_probs else output
+            return self.class_token_map(rollout(tower_probs), len(classes)), native
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
         # the rules read the probabilities as values: detached, no graph grows through 14 findings' relevance
         plain_tower = [p.detach() for p in tower_probs]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer
+from timm.layers import Attention as TimmAttention
 from torch import nn
 from transformers import Dinov2Model, SiglipVisionModel
 
@@ -160,7 +161,7 @@ def recorded_attention(sites: list[nn.Module], recorder: Callable[[nn.Module], R
 def multihead_observer(site: nn.MultiheadAttention, observe: Callable[[torch.Tensor], None]) -> Callable:
     """A forward pre-hook (with kwargs) on ``site`` that passes its probabilities to ``observe``."""
     followed(site)
-    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal")
 
     def hook(module, args, kwargs):
         given = {**dict(zip(names, args)), **kwargs}
@@ -198,11 +199,18 @@ def vit_layer_observer(site: nn.Module, observe: Callable[[torch.Tensor], None])
     return hook
 
 
+def observable(site: nn.Module) -> bool:
+    """Whether ``observed_attention`` knows how ``site`` computes its queries and keys: ``nn.MultiheadAttention``,
+    ``ViTPatches``' layers and timm's plain ``Attention`` (not its relatives with their own biases or rotary
+    embeddings, e.g. EVA's, which ``recorded_attention`` follows through their unfused path)."""
+    return isinstance(site, nn.MultiheadAttention) or hasattr(site, "explicit_attention") or type(site) is TimmAttention
+
+
 @contextmanager
 def observed_attention(sites: list[nn.Module], observer: Callable[[nn.Module], Callable[[torch.Tensor], None]]) -> Iterator[None]:
-    """While open, every attention site (as ``recorded_attention`` takes them) runs its own forward, fused kernels and
-    all, and ``observer(site)`` is shown its attention probabilities ``[B, heads, T, T]``, computed beside that forward
-    from the site's own inputs: the forward's outputs are the native ones, bit for bit."""
+    """While open, every attention site (each ``observable``) runs its own forward, fused kernels and all, and
+    ``observer(site)`` is shown its attention probabilities ``[B, heads, T, T]``, computed beside that forward from the
+    site's own inputs: the forward's outputs are the native ones, bit for bit."""
     with ExitStack() as stack:
         for site in sites:
             observe = observer(site)
@@ -210,7 +218,7 @@ def observed_attention(sites: list[nn.Module], observer: Callable[[nn.Module], C
                 handle = site.register_forward_pre_hook(multihead_observer(site, observe), with_kwargs=True)
             elif hasattr(site, "explicit_attention"):  # ViTPatches' layers
                 handle = site.layernorm_before.register_forward_hook(vit_layer_observer(site, observe))
-            elif hasattr(site, "fused_attn") and hasattr(site, "qkv"):  # timm
+            elif type(site) is TimmAttention:
                 handle = site.register_forward_pre_hook(timm_observer(site, observe), with_kwargs=True)
             else:
                 raise ValueError(f"explainers cannot observe the attention of {type(site).__name__}")
