@@ -6,6 +6,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -13,6 +14,12 @@ import pytest  # noqa: E402
 from background_lane import BackgroundLane  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A suite started as a background job without job control (`cmd &` in a script) inherits SIGINT ignored, and its
+# commands would too: the Ctrl-C test's run would never see its Ctrl-C. Python's own handler, as in a terminal: a
+# child then starts with the default disposition and installs its KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def tracked_files() -> set[str] | None:
