@@ -4,7 +4,8 @@ architecture.
 
 The floor of a method is what it cannot do without: its own forward (the one that exposes what it reads: a CAM's
 hooked forward, the native forward with each block's attention computed beside it for rollout, the explicit
-attention of Chefer), plus, for a method with a target, ONE backward over all
+attention of Chefer; for ScoreCAM also one forward per channel of its layer, in the chunks it scores them, of an
+input the size of a masked one: no masking), plus, for a method with a target, ONE backward over all
 findings at once (``torch.autograd.grad(..., is_grads_batched=True)``: the backward vmapped over the C one-hot
 cotangents) from the targets to the tensors it reads (the CAM's layer; every attention probability for Chefer).
 Nothing else: no map arithmetic, no second forward. ``time_ratio`` is the explainer's time over the native forward's,
@@ -151,7 +152,7 @@ def floor(model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor
     """The floor of ``model``'s explainer (see the module docstring): its forward, and one batched backward over every
     finding from the targets to what the method reads. Returns those gradients, ``[C, B, ...]`` per tensor read (None
     for an attention no target reads; nothing for the methods without a target)."""
-    from xbench_pl.explainers.cams import CAMExplainer
+    from xbench_pl.explainers.cams import SCORECAM_CHANNELS, CAMExplainer
 
     explainer = model.explainer_method
     with torch.inference_mode(False):
@@ -160,6 +161,13 @@ def floor(model, images: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor
         if isinstance(explainer, CAMExplainer):
             activation, _, targets = explainer.activations(model, images, classes)
             read = [activation] if explainer.uses_gradients else []
+            if explainer.name == "scorecam":  # what it reads: the scores of one masked input per channel
+                channels = explainer.as_map(activation.detach()).shape[1]
+                with torch.no_grad():
+                    for image in images:
+                        for start in range(0, channels, SCORECAM_CHANNELS):
+                            count = min(SCORECAM_CHANNELS, channels - start)
+                            model.explainer_forward(image.expand(count, *image.shape).contiguous(), classes, grad=False)
         else:
             tower, decoder, _, targets = explainer.recorded(model, images, classes)
             read = [p for p in tower + [p for pair in decoder for p in pair] if p is not None and p.requires_grad]

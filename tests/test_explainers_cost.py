@@ -22,7 +22,7 @@ import torch
 from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 
 from test_explainers_families import CLASSES, FAMILIES, family_builders, images_for
-from xbench_pl.explainers.cams import first_component_projection
+from xbench_pl.explainers.cams import SCORECAM_CHANNELS, first_component_projection
 from xbench_pl.explainers.towers import observable, observed_attention, recorded_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -234,6 +234,16 @@ def test_the_floor_gives_each_findings_gradient_of_what_the_method_reads(builder
 def test_a_method_without_a_target_has_a_forward_for_floor(builders, explainer):
     model = builders("clip", explainer=explainer)
     assert floor(model, images_for(model), CLASSES) == ()
+
+
+def test_scorecams_floor_is_a_forward_per_channel_in_its_chunks(builders):
+    model = builders("clip", explainer="scorecam")
+    images = images_for(model)
+    with mock.patch.object(model, "explainer_forward", wraps=model.explainer_forward) as forwards:
+        assert floor(model, images, CLASSES) == ()
+    channels = model.get_submodule(model.explainer_info["target_layer"]).normalized_shape[0]  # ln_1's width
+    sizes = [len(call.args[0]) for call in forwards.call_args_list]
+    assert sizes == [len(images)] + [min(SCORECAM_CHANNELS, channels)] * (len(images) * -(-channels // SCORECAM_CHANNELS))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
