@@ -162,9 +162,10 @@ class RelevanceExplainer:
         ``nn.MultiheadAttention``'s need_weights path gives, bit for bit (tests). Explicit attention in a ViT tower
         replaces a fused kernel, so the native forward runs again."""
         tower_probs, decoder_probs, output, targets = self.recorded(model, images, classes)
-        native = output if self.observes or not tower_probs else None
+        if not self.observes and tower_probs:  # not the native forward: its output (and graph) is not kept
+            output = None
         if self.name == "rollout":
-            return self.class_token_map(rollout(tower_probs), len(classes)), native
+            return self.class_token_map(rollout(tower_probs), len(classes)), output
         wanted = tower_probs + [p for pair in decoder_probs for p in pair if p is not None]
         # the rules read the probabilities as values: detached, no graph grows through 14 findings' relevance
         plain_tower = [p.detach() for p in tower_probs]
@@ -186,7 +187,7 @@ class RelevanceExplainer:
             maps.append(model.decoder_maps(relevance, classes, self.patch_grid(tokens))[:, finding])
         # the graph goes before the maps are stacked (but for the native output's, which explain() detaches)
         del targets, wanted, tower_probs, decoder_probs
-        return torch.stack(maps, dim=1).float(), native
+        return torch.stack(maps, dim=1).float(), output
 
     def patch_grid(self, tokens: int) -> tuple[int, int]:
         """The grid of a decoder's image memory: the ViT's patch grid, else the (square) feature map of ``tokens``."""
